@@ -1,0 +1,403 @@
+//! The command line (contract in the README): `serve`, `migrate`, `demo`,
+//! `tenant add`, `user add`, `token create`. Without `DATABASE_URL` every
+//! command uses the embedded cluster of `GPUSLICE_DATA_DIR`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::db::{self, audit::Actor, Database};
+use crate::domain::{
+    self, parse_membership_arg, parse_name, Email, GlobalRole, Password, Quota, QuotaInput, Slug,
+};
+use crate::web::{self, AppState, WebSettings};
+
+#[derive(Debug, Parser)]
+#[command(name = "gpuslice", version, about = "Book slices of NVIDIA GPUs: MIG instances and time-sliced shares")]
+pub struct Cli {
+    /// PostgreSQL URL; unset: a private cluster under the data directory.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Folder for the embedded database and local state.
+    #[arg(long, env = "GPUSLICE_DATA_DIR", default_value = "./gpuslice-data", global = true)]
+    pub data_dir: PathBuf,
+    /// Log as JSON lines (for log collectors).
+    #[arg(long, env = "GPUSLICE_LOG_JSON", global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the web application.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Serve with demo tenants and users (prints how to sign in).
+    Demo(ServeArgs),
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Manage users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "GPUSLICE_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// Mark cookies Secure (serve over HTTPS, e.g. behind a TLS proxy).
+    #[arg(long, env = "GPUSLICE_SECURE_COOKIES")]
+    pub secure_cookies: bool,
+    /// Trust X-Forwarded-For for the client address (behind a proxy only).
+    #[arg(long, env = "GPUSLICE_TRUST_PROXY")]
+    pub trust_proxy: bool,
+    /// Minutes of inactivity after which a session ends.
+    #[arg(long, env = "GPUSLICE_SESSION_IDLE_MINUTES", default_value_t = 120)]
+    pub session_idle_minutes: i64,
+    /// Hours after sign-in after which a session ends regardless.
+    #[arg(long, env = "GPUSLICE_SESSION_MAX_HOURS", default_value_t = 12)]
+    pub session_max_hours: i64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant with its quota.
+    Add(TenantAddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TenantAddArgs {
+    #[arg(long)]
+    pub slug: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub max_active_bookings: Option<String>,
+    #[arg(long)]
+    pub max_gpu_memory_gib: Option<String>,
+    #[arg(long)]
+    pub max_compute_slices: Option<String>,
+    #[arg(long)]
+    pub monthly_slice_hours: Option<String>,
+    #[arg(long)]
+    pub max_booking_hours: Option<String>,
+    /// high, normal or low.
+    #[arg(long)]
+    pub priority: Option<String>,
+    #[arg(long)]
+    pub guaranteed_share_pct: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create a user; the password is read from standard input.
+    Add(UserAddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UserAddArgs {
+    #[arg(long)]
+    pub email: String,
+    /// Display name (default: the part of the address before @).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Platform role: admin, finance or none.
+    #[arg(long, default_value = "none")]
+    pub role: String,
+    /// Tenant membership as SLUG or SLUG:manager; repeat for several.
+    #[arg(long = "tenant")]
+    pub tenants: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an API token for a user and print it.
+    Create {
+        #[arg(long)]
+        email: String,
+        #[arg(long, default_value = "cli")]
+        name: String,
+    },
+}
+
+pub fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        let _ = builder.json().try_init();
+    } else {
+        let _ = builder.try_init();
+    }
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> Result<()> {
+    let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
+    let result = run_with(&database, cli.command).await;
+    let closed = database.close().await;
+    result.and(closed)
+}
+
+async fn run_with(database: &Database, command: Command) -> Result<()> {
+    let pool = database.pool().await?;
+    db::migrate(&pool).await?;
+    match command {
+        Command::Migrate => {
+            println!("database is up to date");
+            Ok(())
+        }
+        Command::Serve(args) => serve(pool, &args).await,
+        Command::Demo(args) => {
+            seed_demo(&pool).await?;
+            print_demo(&args.bind);
+            serve(pool, &args).await
+        }
+        Command::Tenant(TenantCommand::Add(args)) => {
+            let id = tenant_add(&pool, &args).await?;
+            println!("created tenant {} (id {id})", args.slug.trim());
+            Ok(())
+        }
+        Command::User(UserCommand::Add(args)) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .context("cannot read the password from standard input")?;
+            let password = password.trim_end_matches(['\n', '\r']);
+            let id = user_add(&pool, &args, password).await?;
+            println!("created user {} (id {id})", args.email.trim().to_lowercase());
+            Ok(())
+        }
+        Command::Token(TokenCommand::Create { email, name }) => {
+            println!("{}", token_create(&pool, &email, &name).await?);
+            Ok(())
+        }
+    }
+}
+
+async fn serve(pool: PgPool, args: &ServeArgs) -> Result<()> {
+    if args.session_idle_minutes < 1 || args.session_max_hours < 1 {
+        bail!("session lifetimes must be at least one minute (idle) and one hour (absolute)");
+    }
+    let settings = WebSettings {
+        secure_cookies: args.secure_cookies,
+        trust_proxy: args.trust_proxy,
+        session_idle_secs: args.session_idle_minutes * 60,
+        session_absolute_secs: args.session_max_hours * 3600,
+    };
+    let state = AppState::new(pool, settings).await?;
+    let listener = tokio::net::TcpListener::bind(&args.bind)
+        .await
+        .with_context(|| format!("cannot listen on {} (set GPUSLICE_BIND to another address)", args.bind))?;
+    tracing::info!(addr = %listener.local_addr()?, "gpuslice is serving");
+    web::serve(listener, state, shutdown_signal()).await
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// `tenant add`: the quota flags go through the same validation as the form.
+pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
+    let slug = Slug::parse(&args.slug).map_err(|e| anyhow!("--slug: {e}"))?;
+    let name = parse_name(&args.name, "name").map_err(|e| anyhow!("--name: {e}"))?;
+    let mut input = QuotaInput::from(&Quota::default());
+    let pick = |v: &Option<String>, default: &mut String| {
+        if let Some(v) = v {
+            *default = v.clone();
+        }
+    };
+    pick(&args.max_active_bookings, &mut input.max_active_bookings);
+    pick(&args.max_gpu_memory_gib, &mut input.max_gpu_memory_gib);
+    pick(&args.max_compute_slices, &mut input.max_compute_slices);
+    pick(&args.monthly_slice_hours, &mut input.monthly_slice_hours);
+    pick(&args.max_booking_hours, &mut input.max_booking_hours);
+    pick(&args.priority, &mut input.default_priority);
+    pick(&args.guaranteed_share_pct, &mut input.guaranteed_share_pct);
+    let quota = input.parse().map_err(|errs| {
+        let (field, msg) = &errs[0];
+        let flag = match field.name() {
+            "default_priority" => "priority".to_string(),
+            other => other.replace('_', "-"),
+        };
+        anyhow!("--{flag}: {msg}")
+    })?;
+    let mut tx = pool.begin().await?;
+    let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
+        Ok(id) => id,
+        Err(e) if web::admin::is_unique_violation(&e, "tenants_slug_key") => {
+            bail!("a tenant with slug \"{slug}\" already exists")
+        }
+        Err(e) => return Err(e.into()),
+    };
+    db::audit::record(&mut *tx, &Actor::cli(), "tenant.created", slug.as_str(), json!({"name": name}))
+        .await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// `user add`: creates the user with their memberships in one transaction.
+pub async fn user_add(pool: &PgPool, args: &UserAddArgs, password: &str) -> Result<i64> {
+    let email = Email::parse(&args.email).map_err(|e| anyhow!("--email: {e}"))?;
+    let name = match &args.name {
+        Some(n) => parse_name(n, "name").map_err(|e| anyhow!("--name: {e}"))?,
+        None => email.as_str().split('@').next().unwrap_or("user").to_string(),
+    };
+    let role = GlobalRole::parse(&args.role).map_err(|e| anyhow!("--role: {e}"))?;
+    let memberships = args
+        .tenants
+        .iter()
+        .map(|t| parse_membership_arg(t).map_err(|e| anyhow!("--tenant {t}: {e}")))
+        .collect::<Result<Vec<_>>>()?;
+    let password = Password::new(password, Some(email.as_str()))
+        .map_err(|e| anyhow!("password from standard input: {e}"))?;
+    let hash = tokio::task::spawn_blocking(move || domain::hash_password(&password)).await?;
+    let mut tx = pool.begin().await?;
+    let id = match db::users::insert(&mut *tx, &email, &name, &hash, role).await {
+        Ok(id) => id,
+        Err(e) if web::admin::is_unique_violation(&e, "users_email_key") => {
+            bail!("a user with e-mail {email} already exists")
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (slug, tenant_role) in &memberships {
+        let tenant_id = db::tenants::id_by_slug(&mut *tx, slug.as_str())
+            .await?
+            .ok_or_else(|| anyhow!("--tenant: no tenant has the slug \"{slug}\""))?;
+        db::users::set_membership(&mut *tx, id, tenant_id, *tenant_role).await?;
+    }
+    db::audit::record(
+        &mut *tx,
+        &Actor::cli(),
+        "user.created",
+        email.as_str(),
+        json!({"global_role": role.as_str(),
+               "tenants": memberships.iter().map(|(s, r)| format!("{s}:{}", r.as_str())).collect::<Vec<_>>()}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// `token create`: a new API token for the user, printed once.
+pub async fn token_create(pool: &PgPool, email: &str, name: &str) -> Result<String> {
+    let email = Email::parse(email).map_err(|e| anyhow!("--email: {e}"))?;
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 100 {
+        bail!("--name: a token name has 1 to 100 characters");
+    }
+    let user_id = db::users::id_by_email(pool, &email)
+        .await?
+        .ok_or_else(|| anyhow!("no user has the e-mail address {email}"))?;
+    let (token, hash, prefix) = web::auth::generate_token();
+    let mut tx = pool.begin().await?;
+    db::tokens::insert(&mut *tx, user_id, name, &hash, &prefix).await?;
+    db::audit::record(&mut *tx, &Actor::cli(), "token.created", email.as_str(), json!({"name": name, "prefix": prefix}))
+        .await?;
+    tx.commit().await?;
+    Ok(token)
+}
+
+/// The password of every demo account (shown by `gpuslice demo`).
+pub const DEMO_PASSWORD: &str = "try gpuslice on a laptop";
+
+/// Demo accounts: (e-mail, name, role, tenants).
+pub const DEMO_USERS: [(&str, &str, &str, &[&str]); 5] = [
+    ("admin@demo.gpuslice.dev", "Ada Admin", "admin", &[]),
+    ("finance@demo.gpuslice.dev", "Fin Ance", "finance", &[]),
+    ("pi@demo.gpuslice.dev", "Grace Hopper (PI)", "none", &["vision-lab:manager", "nlp-group"]),
+    ("student@demo.gpuslice.dev", "Sam Student", "none", &["vision-lab", "cs-101"]),
+    ("ta@demo.gpuslice.dev", "Tara TA", "none", &["cs-101:manager"]),
+];
+
+/// Creates the demo tenants and users unless they exist (idempotent).
+pub async fn seed_demo(pool: &PgPool) -> Result<()> {
+    let tenants: [(&str, &str, [&str; 5]); 3] = [
+        ("vision-lab", "Computer Vision Lab", ["4", "160", "14", "2000", "72"]),
+        ("nlp-group", "NLP Group", ["3", "80", "7", "1000", "48"]),
+        ("cs-101", "CS-101 Deep Learning (course)", ["1", "10", "1", "200", "4"]),
+    ];
+    for (slug, name, [active, mem, slices, hours, longest]) in tenants {
+        if db::tenants::id_by_slug(pool, slug).await?.is_some() {
+            continue;
+        }
+        let args = TenantAddArgs {
+            slug: slug.into(),
+            name: name.into(),
+            max_active_bookings: Some(active.into()),
+            max_gpu_memory_gib: Some(mem.into()),
+            max_compute_slices: Some(slices.into()),
+            monthly_slice_hours: Some(hours.into()),
+            max_booking_hours: Some(longest.into()),
+            priority: None,
+            guaranteed_share_pct: Some("20".into()),
+        };
+        tenant_add(pool, &args).await?;
+    }
+    for (email, name, role, tenants) in DEMO_USERS {
+        if db::users::id_by_email(pool, &Email::parse(email).map_err(|e| anyhow!(e))?)
+            .await?
+            .is_some()
+        {
+            continue;
+        }
+        let args = UserAddArgs {
+            email: email.into(),
+            name: Some(name.into()),
+            role: role.into(),
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        };
+        user_add(pool, &args, DEMO_PASSWORD).await?;
+    }
+    Ok(())
+}
+
+fn print_demo(bind: &str) {
+    println!();
+    println!("gpuslice demo: open http://{bind}/ and sign in with one of these accounts.");
+    println!("Every demo account's password is: {DEMO_PASSWORD}");
+    println!();
+    for (email, name, role, tenants) in DEMO_USERS {
+        let mut what: Vec<String> = Vec::new();
+        if role != "none" {
+            what.push(role.to_string());
+        }
+        for t in tenants {
+            what.push(match t.split_once(':') {
+                Some((slug, r)) => format!("{r} of {slug}"),
+                None => format!("member of {t}"),
+            });
+        }
+        let what = what.join(", ");
+        println!("  {email:<28} {name:<20} {what}");
+    }
+    println!();
+}

@@ -1,0 +1,96 @@
+//! All SQL of gpuslice. Functions take `impl PgExecutor` so that one function
+//! serves a pool or a transaction; the embedded cluster lives in [`embedded`].
+
+pub mod audit;
+pub mod embedded;
+pub mod throttle;
+pub mod tenants;
+pub mod tokens;
+pub mod users;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+/// Migrations compiled into the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Where the database is: an explicit URL, or the embedded cluster.
+pub enum Database {
+    Url(String),
+    Embedded(embedded::Cluster),
+}
+
+impl Database {
+    /// `DATABASE_URL` when given, else the embedded cluster under `data_dir`
+    /// (started, or reused when another gpuslice process runs it).
+    pub async fn open(url: Option<&str>, data_dir: &Path) -> Result<Database> {
+        match url {
+            Some(url) if !url.trim().is_empty() => Ok(Database::Url(url.to_string())),
+            _ => Ok(Database::Embedded(embedded::Cluster::ensure(data_dir).await?)),
+        }
+    }
+
+    pub fn connect_options(&self) -> Result<PgConnectOptions> {
+        match self {
+            Database::Url(url) => url
+                .parse()
+                .context("DATABASE_URL is not a valid PostgreSQL URL"),
+            Database::Embedded(c) => Ok(c.connect_options()),
+        }
+    }
+
+    pub async fn pool(&self) -> Result<PgPool> {
+        connect(self.connect_options()?).await
+    }
+
+    /// Stops the embedded server if this process started it.
+    pub async fn close(self) -> Result<()> {
+        match self {
+            Database::Url(_) => Ok(()),
+            Database::Embedded(c) => c.stop().await,
+        }
+    }
+}
+
+/// A connection pool with the settings every gpuslice process uses.
+pub async fn connect(options: PgConnectOptions) -> Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .context("cannot connect to PostgreSQL")
+}
+
+/// Applies pending migrations.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("database migration failed")
+}
+
+/// Whether the database answers (for `/readyz`).
+pub async fn ping(pool: &PgPool) -> bool {
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query_scalar!("SELECT 1 AS \"one!\"").fetch_one(pool),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}
+
+/// Deletes expired sessions and throttle windows that ended long ago.
+pub async fn sessions_cleanup(pool: &PgPool) -> sqlx::Result<()> {
+    sqlx::query!("DELETE FROM tower_sessions.session WHERE expiry_date < now()")
+        .execute(pool)
+        .await?;
+    sqlx::query!("DELETE FROM login_throttle WHERE window_start < now() - interval '1 day'")
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! Pure domain types and rules. No IO, no async: everything here is parsed
+//! once at the edge (forms, JSON, CLI) and trusted afterwards.
+
+mod password;
+mod quota;
+
+pub use password::{hash as hash_password, verify as verify_password, Password, PasswordError};
+pub use quota::{Quota, QuotaField, QuotaInput};
+
+use std::fmt;
+
+/// An e-mail address, trimmed and lower-cased so that lookups are
+/// case-insensitive everywhere.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Email(String);
+
+impl Email {
+    /// Parses and normalises an address; the check is deliberately loose
+    /// (one `@`, something on both sides, no spaces) because the only real
+    /// test of an address is mail arriving there.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let s = raw.trim().to_lowercase();
+        if s.is_empty() {
+            return Err("enter an e-mail address".into());
+        }
+        if s.len() > 254 {
+            return Err("an e-mail address has at most 254 characters".into());
+        }
+        let mut parts = s.split('@');
+        let (local, domain) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(l), Some(d), None) => (l, d),
+            _ => return Err(format!("\"{}\" is not an e-mail address", raw.trim())),
+        };
+        if local.is_empty()
+            || domain.is_empty()
+            || !domain.contains('.')
+            || domain.starts_with('.')
+            || domain.ends_with('.')
+            || s.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(format!("\"{}\" is not an e-mail address", raw.trim()));
+        }
+        Ok(Self(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Email {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A tenant's short name, used in URLs, the CLI and CSV reports.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slug(String);
+
+impl Slug {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let s = raw.trim();
+        if s.len() < 2 || s.len() > 40 {
+            return Err("a slug has 2 to 40 characters".into());
+        }
+        let ok_chars = s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !ok_chars || s.starts_with('-') || s.ends_with('-') {
+            return Err(
+                "a slug uses lower-case letters, digits and inner hyphens only (e.g. \"vision-lab\")"
+                    .into(),
+            );
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Slug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A person's display name or a tenant's name: trimmed, 1..=200 characters,
+/// no control characters.
+pub fn parse_name(raw: &str, what: &str) -> Result<String, String> {
+    let s = raw.trim();
+    if s.is_empty() {
+        return Err(format!("enter a {what}"));
+    }
+    if s.chars().count() > 200 {
+        return Err(format!("a {what} has at most 200 characters"));
+    }
+    if s.chars().any(|c| c.is_control()) {
+        return Err(format!("a {what} may not contain control characters"));
+    }
+    Ok(s.to_string())
+}
+
+/// Platform-wide role of a user. Tenant roles are separate ([`TenantRole`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GlobalRole {
+    None,
+    Admin,
+    Finance,
+}
+
+impl GlobalRole {
+    pub const ALL: [GlobalRole; 3] = [GlobalRole::None, GlobalRole::Admin, GlobalRole::Finance];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GlobalRole::None => "none",
+            GlobalRole::Admin => "admin",
+            GlobalRole::Finance => "finance",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw.trim() {
+            "" | "none" => Ok(GlobalRole::None),
+            "admin" => Ok(GlobalRole::Admin),
+            "finance" => Ok(GlobalRole::Finance),
+            other => Err(format!(
+                "unknown role \"{other}\": use admin, finance or none"
+            )),
+        }
+    }
+}
+
+/// A user's role inside one tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TenantRole {
+    Member,
+    Manager,
+}
+
+impl TenantRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantRole::Member => "member",
+            TenantRole::Manager => "manager",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw.trim() {
+            "member" => Ok(TenantRole::Member),
+            "manager" => Ok(TenantRole::Manager),
+            other => Err(format!(
+                "unknown tenant role \"{other}\": use member or manager"
+            )),
+        }
+    }
+}
+
+/// Scheduling priority of a time-sliced share (and a tenant's default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Priority {
+    High,
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw.trim() {
+            "high" => Ok(Priority::High),
+            "normal" => Ok(Priority::Normal),
+            "low" => Ok(Priority::Low),
+            other => Err(format!(
+                "unknown priority \"{other}\": use high, normal or low"
+            )),
+        }
+    }
+}
+
+/// A `--tenant SLUG[:manager]` argument of the CLI.
+pub fn parse_membership_arg(raw: &str) -> Result<(Slug, TenantRole), String> {
+    match raw.split_once(':') {
+        None => Ok((Slug::parse(raw)?, TenantRole::Member)),
+        Some((slug, role)) => Ok((Slug::parse(slug)?, TenantRole::parse(role)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn email_is_normalised_and_checked() {
+        assert_eq!(
+            Email::parse("  Ada@Uni.EDU ").unwrap().as_str(),
+            "ada@uni.edu"
+        );
+        for bad in ["", "ada", "ada@", "@uni.edu", "a@b@c.d", "ada@uni", "a da@uni.edu"] {
+            assert!(Email::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn slug_rules() {
+        assert!(Slug::parse("vision-lab").is_ok());
+        assert!(Slug::parse("cs101").is_ok());
+        for bad in ["a", "-lab", "lab-", "Vision", "vision lab", "ü-lab", &"x".repeat(41)] {
+            assert!(Slug::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn membership_argument() {
+        let (s, r) = parse_membership_arg("vision:manager").unwrap();
+        assert_eq!((s.as_str(), r), ("vision", TenantRole::Manager));
+        let (s, r) = parse_membership_arg("vision").unwrap();
+        assert_eq!((s.as_str(), r), ("vision", TenantRole::Member));
+        assert!(parse_membership_arg("vision:owner").is_err());
+    }
+}

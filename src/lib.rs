@@ -1,0 +1,10 @@
+//! gpuslice: book slices of NVIDIA GPUs (MIG instances and time-sliced
+//! shares) in a browser. The library holds everything; `main.rs` only parses
+//! the command line. Tests drive [`web::router`] and the CLI functions.
+
+pub mod cli;
+pub mod db;
+pub mod domain;
+pub mod web;
+
+pub use web::{router, AppState};

@@ -1,0 +1,198 @@
+//! The web application: routes, layers and shared state.
+
+pub mod admin;
+pub mod api;
+pub mod assets;
+pub mod auth;
+pub mod csrf;
+pub mod error;
+pub mod forms;
+pub mod home;
+pub mod ops;
+pub mod pages;
+pub mod settings;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{header, HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use sqlx::PgPool;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{Expiry, SessionManagerLayer};
+use tower_sessions_sqlx_store::PostgresStore;
+
+use crate::domain::{self, Password};
+
+/// Settings of the web layer.
+#[derive(Debug, Clone)]
+pub struct WebSettings {
+    /// Mark cookies `Secure` (set when served over HTTPS).
+    pub secure_cookies: bool,
+    /// Take the client address from `X-Forwarded-For` (behind a proxy).
+    pub trust_proxy: bool,
+    /// A session unused this long ends.
+    pub session_idle_secs: i64,
+    /// A session ends this long after sign-in, however busy.
+    pub session_absolute_secs: i64,
+}
+
+impl Default for WebSettings {
+    fn default() -> Self {
+        WebSettings {
+            secure_cookies: false,
+            trust_proxy: false,
+            session_idle_secs: 2 * 3600,
+            session_absolute_secs: 12 * 3600,
+        }
+    }
+}
+
+/// Everything handlers share; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Arc<WebSettings>,
+    pub metrics: Arc<ops::Metrics>,
+    /// A real argon2id hash that unknown accounts are checked against, so
+    /// that their sign-in takes as long as a wrong password.
+    pub dummy_hash: Arc<str>,
+}
+
+impl AppState {
+    pub async fn new(pool: PgPool, settings: WebSettings) -> anyhow::Result<Self> {
+        let dummy = tokio::task::spawn_blocking(|| {
+            Password::new("no account has this password, ever", None)
+                .map(|p| domain::hash_password(&p))
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("dummy password rejected: {e}"))?;
+        Ok(AppState {
+            pool,
+            settings: Arc::new(settings),
+            metrics: Arc::new(ops::Metrics::default()),
+            dummy_hash: dummy.into(),
+        })
+    }
+}
+
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'";
+
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    if !h.contains_key(header::CACHE_CONTROL) {
+        // Pages show personal data: keep them out of shared caches.
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    resp
+}
+
+async fn not_found() -> error::AppError {
+    error::AppError::NotFound
+}
+
+/// The whole application. Tests drive exactly this.
+pub fn router(state: AppState) -> Router {
+    let store = PostgresStore::new(state.pool.clone());
+    let sessions = SessionManagerLayer::new(store)
+        .with_name("gpuslice_session")
+        .with_http_only(true)
+        .with_same_site(SameSite::Lax)
+        .with_secure(state.settings.secure_cookies)
+        .with_expiry(Expiry::OnInactivity(time::Duration::seconds(
+            state.settings.session_idle_secs,
+        )));
+    let request_id = HeaderName::from_static("x-request-id");
+
+    Router::new()
+        .route("/", get(home::dashboard))
+        .route("/login", get(auth::login_page).post(auth::login))
+        .route("/logout", post(auth::logout))
+        .route("/tenants/{slug}", get(home::tenant))
+        .route("/settings/tokens", get(settings::tokens).post(settings::create_token))
+        .route("/settings/tokens/{id}/revoke", post(settings::revoke_token))
+        .route("/admin", get(|| async { Redirect::to("/admin/tenants") }))
+        .route("/admin/", get(|| async { Redirect::to("/admin/tenants") }))
+        .route("/admin/tenants", get(admin::tenants).post(admin::create_tenant))
+        .route("/admin/tenants/new", get(admin::new_tenant))
+        .route("/admin/tenants/{id}", get(admin::edit_tenant).post(admin::update_tenant))
+        .route("/admin/tenants/{id}/archive", post(admin::archive_tenant))
+        .route("/admin/tenants/{id}/restore", post(admin::restore_tenant))
+        .route("/admin/users", get(admin::users).post(admin::create_user))
+        .route("/admin/users/new", get(admin::new_user))
+        .route("/admin/users/{id}", get(admin::edit_user).post(admin::update_user))
+        .route("/admin/users/{id}/disable", post(admin::disable_user))
+        .route("/admin/users/{id}/enable", post(admin::enable_user))
+        .route("/admin/users/{id}/password", post(admin::reset_password))
+        .route("/admin/users/{id}/memberships", post(admin::add_membership))
+        .route(
+            "/admin/users/{id}/memberships/{tenant_id}/remove",
+            post(admin::remove_membership),
+        )
+        .route("/admin/audit", get(admin::audit))
+        .route("/api/v1/me", get(api::me))
+        .route("/api/v1/tenants", get(api::tenants))
+        .route("/api/v1/openapi.json", get(api::openapi))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/static/{*path}", get(assets::serve))
+        .fallback(not_found)
+        // Layers run bottom-up on the way in: the request id first, the
+        // CSRF check last, right before the handler.
+        .layer(middleware::from_fn(csrf::protect))
+        .layer(sessions)
+        .layer(middleware::from_fn(error::render_errors))
+        .layer(middleware::from_fn(security_headers))
+        .layer(middleware::from_fn_with_state(state.clone(), ops::track))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+            let id = req
+                .headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-");
+            tracing::info_span!("http", method = %req.method(), path = %req.uri().path(), request_id = %id)
+        }))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
+}
+
+/// Serves the application on `listener` until `shutdown` resolves, then
+/// finishes the requests in flight. Also runs the clean-up of expired
+/// sessions and stale throttle rows.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let cleanup_pool = state.pool.clone();
+    let cleanup = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(300));
+        loop {
+            tick.tick().await;
+            if let Err(e) = crate::db::sessions_cleanup(&cleanup_pool).await {
+                tracing::warn!(error = %e, "session clean-up failed");
+            }
+        }
+    });
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    cleanup.abort();
+    result.map_err(Into::into)
+}

@@ -1,0 +1,129 @@
+//! What every page shares: the layout context (user, CSRF token, flash
+//! message, asset URLs) and the pages that belong to no group (sign-in,
+//! errors).
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::http::StatusCode;
+use tower_sessions::Session;
+
+use super::assets;
+use super::auth::CurrentUser;
+use super::error::AppError;
+use super::AppState;
+
+const FLASH_KEY: &str = "flash";
+
+/// The navigation entries a user may see.
+#[derive(Debug, Clone)]
+pub struct NavUser {
+    pub email: String,
+    pub display_name: String,
+    pub is_admin: bool,
+    pub is_finance: bool,
+}
+
+/// Data the layout needs on every page.
+#[derive(Debug, Clone)]
+pub struct PageCtx {
+    pub user: Option<NavUser>,
+    pub csrf: String,
+    pub flash: Option<String>,
+    pub css_url: &'static str,
+    pub js_url: &'static str,
+    pub htmx_url: &'static str,
+}
+
+impl PageCtx {
+    pub async fn new(
+        _state: &AppState,
+        session: &Session,
+        user: Option<&CurrentUser>,
+    ) -> Result<Self, AppError> {
+        let csrf = super::csrf::token(session).await?;
+        let flash: Option<String> = session
+            .remove(FLASH_KEY)
+            .await
+            .map_err(|e| AppError::Internal(e.into()))?;
+        Ok(PageCtx {
+            user: user.map(|u| NavUser {
+                email: u.user.email.clone(),
+                display_name: u.user.display_name.clone(),
+                is_admin: u.is_admin(),
+                is_finance: u.is_finance(),
+            }),
+            csrf,
+            flash,
+            ..Self::anonymous()
+        })
+    }
+
+    /// The layout without a session (error pages).
+    pub fn anonymous() -> Self {
+        let urls = assets::urls();
+        PageCtx {
+            user: None,
+            csrf: String::new(),
+            flash: None,
+            css_url: &urls.css,
+            js_url: &urls.js,
+            htmx_url: &urls.htmx,
+        }
+    }
+}
+
+/// Shows `message` once, on the next page the user sees.
+pub async fn flash(session: &Session, message: impl Into<String>) -> Result<(), AppError> {
+    session
+        .insert(FLASH_KEY, message.into())
+        .await
+        .map_err(|e| AppError::Internal(e.into()))
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "login.html")]
+pub struct LoginPage {
+    pub ctx: PageCtx,
+    pub email: String,
+    pub next: String,
+    pub error: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+pub struct ErrorPage {
+    pub ctx: PageCtx,
+    pub status: u16,
+    pub title: String,
+    pub message: String,
+}
+
+impl ErrorPage {
+    pub fn new(status: StatusCode, message: &str) -> Self {
+        let title = match status {
+            StatusCode::NOT_FOUND => "Page not found",
+            StatusCode::FORBIDDEN => "Not allowed",
+            StatusCode::UNAUTHORIZED => "Please sign in",
+            StatusCode::TOO_MANY_REQUESTS => "Slow down",
+            s if s.is_server_error() => "Something went wrong",
+            _ => "That did not work",
+        };
+        let message = if status.is_server_error() {
+            "The error has been logged. Please try again in a moment.".to_string()
+        } else if status == StatusCode::NOT_FOUND {
+            "There is nothing at this address, or you may not see it.".to_string()
+        } else {
+            message.to_string()
+        };
+        ErrorPage {
+            ctx: PageCtx::anonymous(),
+            status: status.as_u16(),
+            title: title.to_string(),
+            message,
+        }
+    }
+
+    pub fn render_html(&self) -> String {
+        self.render().unwrap_or_else(|_| self.message.clone())
+    }
+}

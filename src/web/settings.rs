@@ -1,0 +1,106 @@
+//! The user's own settings: API tokens.
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use serde::Deserialize;
+use serde_json::json;
+use tower_sessions::Session;
+
+use super::auth::{generate_token, CurrentUser};
+use super::error::AppError;
+use super::forms::FieldErrors;
+use super::pages::{flash, PageCtx};
+use super::AppState;
+use crate::db;
+
+#[derive(Template, WebTemplate)]
+#[template(path = "tokens.html")]
+pub struct TokensPage {
+    ctx: PageCtx,
+    tokens: Vec<db::tokens::Token>,
+    new_token: Option<String>,
+    name: String,
+    errors: FieldErrors,
+}
+
+async fn page(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    new_token: Option<String>,
+    name: String,
+    errors: FieldErrors,
+) -> Result<TokensPage, AppError> {
+    Ok(TokensPage {
+        ctx: PageCtx::new(state, session, Some(user)).await?,
+        tokens: db::tokens::list_for_user(&state.pool, user.user.id).await?,
+        new_token,
+        name,
+        errors,
+    })
+}
+
+pub async fn tokens(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<TokensPage, AppError> {
+    page(&state, &session, &user, None, String::new(), FieldErrors::default()).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NewTokenForm {
+    #[serde(default)]
+    name: String,
+}
+
+pub async fn create_token(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Form(form): Form<NewTokenForm>,
+) -> Result<Response, AppError> {
+    let name = form.name.trim();
+    let mut errors = FieldErrors::default();
+    if name.is_empty() {
+        errors.add("name", "name the token after where it will be used, e.g. \"laptop\"");
+    } else if name.chars().count() > 100 {
+        errors.add("name", "a token name has at most 100 characters");
+    }
+    if !errors.is_empty() {
+        let p = page(&state, &session, &user, None, name.to_string(), errors).await?;
+        return Ok((StatusCode::UNPROCESSABLE_ENTITY, p).into_response());
+    }
+    let (token, hash, prefix) = generate_token();
+    let mut tx = state.pool.begin().await?;
+    db::tokens::insert(&mut *tx, user.user.id, name, &hash, &prefix).await?;
+    db::audit::record(&mut *tx, &user.actor(), "token.created", &user.user.email, json!({"name": name, "prefix": prefix}))
+        .await?;
+    tx.commit().await?;
+    // Shown on this response only; never stored in clear.
+    let mut p = page(&state, &session, &user, Some(token), String::new(), FieldErrors::default()).await?;
+    p.ctx.flash = Some(format!("Token \"{name}\" created. Copy it now: it will not be shown again."));
+    Ok((StatusCode::CREATED, p).into_response())
+}
+
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+) -> Result<Response, AppError> {
+    let mut tx = state.pool.begin().await?;
+    // Scoped to the caller: another user's token id is simply not found.
+    if !db::tokens::revoke(&mut *tx, user.user.id, id).await? {
+        return Err(AppError::NotFound);
+    }
+    db::audit::record(&mut *tx, &user.actor(), "token.revoked", &user.user.email, json!({"token_id": id}))
+        .await?;
+    tx.commit().await?;
+    flash(&session, "Token revoked.").await?;
+    Ok(Redirect::to("/settings/tokens").into_response())
+}

@@ -1,0 +1,50 @@
+// gpuslice: progressive enhancements. Pages work without this file.
+(function () {
+  "use strict";
+
+  // Sortable tables: click a header with data-sort ("text" or "num").
+  function cellValue(row, index, kind) {
+    var cell = row.children[index];
+    var raw = cell ? (cell.getAttribute("data-value") || cell.textContent.trim()) : "";
+    if (kind === "num") {
+      var n = parseFloat(raw.replace(/[^0-9.\-]/g, ""));
+      return isNaN(n) ? -Infinity : n;
+    }
+    return raw.toLowerCase();
+  }
+
+  function sortBy(th) {
+    var table = th.closest("table");
+    var body = table.tBodies[0];
+    if (!body) return;
+    var index = Array.prototype.indexOf.call(th.parentNode.children, th);
+    var kind = th.getAttribute("data-sort");
+    var ascending = th.getAttribute("aria-sort") !== "ascending";
+    Array.prototype.forEach.call(th.parentNode.children, function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = cellValue(a, index, kind), y = cellValue(b, index, kind);
+      if (x < y) return ascending ? -1 : 1;
+      if (x > y) return ascending ? 1 : -1;
+      return 0;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  }
+
+  document.addEventListener("click", function (e) {
+    var th = e.target.closest && e.target.closest("th[data-sort]");
+    if (th) sortBy(th);
+  });
+
+  document.addEventListener("keydown", function (e) {
+    var th = e.target.closest && e.target.closest("th[data-sort]");
+    if (th && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); sortBy(th); }
+  });
+
+  // Buttons that need a second thought: data-confirm="question".
+  document.addEventListener("submit", function (e) {
+    var q = e.target.getAttribute && e.target.getAttribute("data-confirm");
+    if (q && !window.confirm(q)) e.preventDefault();
+  });
+})();

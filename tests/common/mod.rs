@@ -1,0 +1,236 @@
+//! The test harness: one PostgreSQL cluster for the whole run (the same
+//! embedded cluster code gpuslice uses, under `target/test-pg`), a template
+//! database migrated once, and a fresh database cloned from it for every
+//! test. `TestApp::spawn` serves the real router on a free port.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+use gpuslice::db::{self, embedded::Cluster};
+use gpuslice::web::{AppState, WebSettings};
+use reqwest::{redirect, Client, StatusCode};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+pub const PASSWORD: &str = "a long and boring test password";
+
+struct Shared {
+    /// Options to reach the cluster's `postgres` maintenance database.
+    admin: PgConnectOptions,
+    template: String,
+}
+
+static SHARED: OnceLock<Shared> = OnceLock::new();
+
+fn template_name() -> String {
+    // Named after the migrations' checksums: a changed migration makes a new
+    // template instead of reusing a stale one.
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for m in db::MIGRATOR.iter() {
+        h.update(m.version.to_le_bytes());
+        h.update(&*m.checksum);
+    }
+    format!("tmpl_{}", &hex::encode(h.finalize())[..16])
+}
+
+fn shared() -> &'static Shared {
+    SHARED.get_or_init(|| {
+        // Its own thread and runtime: the cluster outlives any one test's runtime.
+        std::thread::spawn(|| {
+            tokio::runtime::Runtime::new()
+                .expect("runtime")
+                .block_on(init_shared())
+        })
+        .join()
+        .expect("test database set-up panicked")
+    })
+}
+
+async fn init_shared() -> Shared {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-pg");
+    let cluster = Cluster::ensure(&dir)
+        .await
+        .expect("cannot start the test PostgreSQL cluster");
+    let admin = cluster.options_for("postgres");
+    let template = template_name();
+    let mut conn = admin.connect().await.expect("connect to test cluster");
+    // Several test binaries may start at once: one builds the template.
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&template)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    if !exists {
+        let building = format!("{template}_building");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {building}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {building}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        {
+            let pool = db::connect(cluster.options_for(&building)).await.unwrap();
+            db::migrate(&pool).await.expect("migrations apply to a new database");
+            pool.close().await;
+        }
+        sqlx::query(&format!("ALTER DATABASE {building} RENAME TO {template}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.ok();
+    // The cluster keeps running for the other tests and binaries;
+    // scripts/test.sh stops it at the end of the run.
+    std::mem::forget(cluster);
+    Shared { admin, template }
+}
+
+/// A fresh, migrated database for one test.
+pub async fn fresh_db() -> (PgPool, PgConnectOptions, String) {
+    let shared = shared();
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = shared.admin.connect().await.expect("connect to test cluster");
+    sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", shared.template))
+        .execute(&mut conn)
+        .await
+        .expect("clone the template database");
+    conn.close().await.ok();
+    let options = shared.admin.clone().database(&name);
+    let pool = db::connect(options.clone()).await.expect("connect to test database");
+    (pool, options, name)
+}
+
+/// The socket folder and database name, as a URL for the CLI binary.
+pub fn database_url(options: &PgConnectOptions, name: &str) -> String {
+    let host = options
+        .get_socket()
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let host: String = form_urlencoded::byte_serialize(host.as_bytes()).collect();
+    format!("postgres://gpuslice@{host}/{name}")
+}
+
+/// The application, served on a free local port over a fresh database.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub pool: PgPool,
+    pub options: PgConnectOptions,
+    pub db_name: String,
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_with(WebSettings::default()).await
+    }
+
+    pub async fn spawn_with(settings: WebSettings) -> TestApp {
+        let (pool, options, db_name) = fresh_db().await;
+        let state = AppState::new(pool.clone(), settings).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(gpuslice::web::serve(listener, state, std::future::pending()));
+        TestApp {
+            addr,
+            pool,
+            options,
+            db_name,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// A browser-like client: keeps cookies, does not follow redirects.
+    pub fn client(&self) -> Client {
+        Client::builder()
+            .cookie_store(true)
+            .redirect(redirect::Policy::none())
+            .build()
+            .unwrap()
+    }
+
+    /// Creates a user through the same code as `gpuslice user add`.
+    pub async fn user(&self, email: &str, role: &str, tenants: &[&str]) -> i64 {
+        let args = gpuslice::cli::UserAddArgs {
+            email: email.into(),
+            name: None,
+            role: role.into(),
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        };
+        gpuslice::cli::user_add(&self.pool, &args, PASSWORD).await.unwrap()
+    }
+
+    pub async fn tenant(&self, slug: &str) -> i64 {
+        let args = gpuslice::cli::TenantAddArgs {
+            slug: slug.into(),
+            name: format!("Tenant {slug}"),
+            max_active_bookings: None,
+            max_gpu_memory_gib: None,
+            max_compute_slices: None,
+            monthly_slice_hours: None,
+            max_booking_hours: None,
+            priority: None,
+            guaranteed_share_pct: None,
+        };
+        gpuslice::cli::tenant_add(&self.pool, &args).await.unwrap()
+    }
+
+    /// The CSRF token a page hands out to this client.
+    pub async fn csrf(&self, client: &Client, path: &str) -> String {
+        let body = client.get(self.url(path)).send().await.unwrap().text().await.unwrap();
+        extract_csrf(&body).unwrap_or_else(|| panic!("no CSRF token on {path}"))
+    }
+
+    /// Signs in; returns the response to the sign-in POST.
+    pub async fn login_as(&self, client: &Client, email: &str, password: &str) -> reqwest::Response {
+        let token = self.csrf(client, "/login").await;
+        client
+            .post(self.url("/login"))
+            .form(&[("csrf_token", token.as_str()), ("email", email), ("password", password)])
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A client signed in as `email`.
+    pub async fn signed_in(&self, email: &str) -> Client {
+        let c = self.client();
+        let r = self.login_as(&c, email, PASSWORD).await;
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "sign-in as {email} failed");
+        c
+    }
+
+    /// POSTs a form with the client's CSRF token (taken from `page`).
+    pub async fn post_form(
+        &self,
+        client: &Client,
+        page: &str,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let token = self.csrf(client, page).await;
+        let mut all = vec![("csrf_token", token.as_str())];
+        all.extend_from_slice(fields);
+        client.post(self.url(path)).form(&all).send().await.unwrap()
+    }
+}
+
+pub fn extract_csrf(body: &str) -> Option<String> {
+    let marker = "name=\"csrf_token\" value=\"";
+    let start = body.find(marker)? + marker.len();
+    let end = body[start..].find('"')? + start;
+    Some(body[start..end].to_string())
+}
