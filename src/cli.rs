@@ -17,13 +17,22 @@ use crate::domain::{
 use crate::web::{self, AppState, WebSettings};
 
 #[derive(Debug, Parser)]
-#[command(name = "gpuslice", version, about = "Book slices of NVIDIA GPUs: MIG instances and time-sliced shares")]
+#[command(
+    name = "gpuslice",
+    version,
+    about = "Book slices of NVIDIA GPUs: MIG instances and time-sliced shares"
+)]
 pub struct Cli {
     /// PostgreSQL URL; unset: a private cluster under the data directory.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// Folder for the embedded database and local state.
-    #[arg(long, env = "GPUSLICE_DATA_DIR", default_value = "./gpuslice-data", global = true)]
+    #[arg(
+        long,
+        env = "GPUSLICE_DATA_DIR",
+        default_value = "./gpuslice-data",
+        global = true
+    )]
     pub data_dir: PathBuf,
     /// Log as JSON lines (for log collectors).
     #[arg(long, env = "GPUSLICE_LOG_JSON", global = true)]
@@ -82,20 +91,20 @@ pub struct TenantAddArgs {
     pub slug: String,
     #[arg(long)]
     pub name: String,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_active_bookings: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_gpu_memory_gib: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_compute_slices: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub monthly_slice_hours: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub max_booking_hours: Option<String>,
     /// high, normal or low.
     #[arg(long)]
     pub priority: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub guaranteed_share_pct: Option<String>,
 }
 
@@ -135,7 +144,9 @@ pub fn init_tracing(json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         let _ = builder.json().try_init();
     } else {
@@ -177,7 +188,10 @@ async fn run_with(database: &Database, command: Command) -> Result<()> {
                 .context("cannot read the password from standard input")?;
             let password = password.trim_end_matches(['\n', '\r']);
             let id = user_add(&pool, &args, password).await?;
-            println!("created user {} (id {id})", args.email.trim().to_lowercase());
+            println!(
+                "created user {} (id {id})",
+                args.email.trim().to_lowercase()
+            );
             Ok(())
         }
         Command::Token(TokenCommand::Create { email, name }) => {
@@ -200,7 +214,12 @@ async fn serve(pool: PgPool, args: &ServeArgs) -> Result<()> {
     let state = AppState::new(pool, settings).await?;
     let listener = tokio::net::TcpListener::bind(&args.bind)
         .await
-        .with_context(|| format!("cannot listen on {} (set GPUSLICE_BIND to another address)", args.bind))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (set GPUSLICE_BIND to another address)",
+                args.bind
+            )
+        })?;
     tracing::info!(addr = %listener.local_addr()?, "gpuslice is serving");
     web::serve(listener, state, shutdown_signal()).await
 }
@@ -258,8 +277,14 @@ pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
         }
         Err(e) => return Err(e.into()),
     };
-    db::audit::record(&mut *tx, &Actor::cli(), "tenant.created", slug.as_str(), json!({"name": name}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &Actor::cli(),
+        "tenant.created",
+        slug.as_str(),
+        json!({"name": name}),
+    )
+    .await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -269,7 +294,12 @@ pub async fn user_add(pool: &PgPool, args: &UserAddArgs, password: &str) -> Resu
     let email = Email::parse(&args.email).map_err(|e| anyhow!("--email: {e}"))?;
     let name = match &args.name {
         Some(n) => parse_name(n, "name").map_err(|e| anyhow!("--name: {e}"))?,
-        None => email.as_str().split('@').next().unwrap_or("user").to_string(),
+        None => email
+            .as_str()
+            .split('@')
+            .next()
+            .unwrap_or("user")
+            .to_string(),
     };
     let role = GlobalRole::parse(&args.role).map_err(|e| anyhow!("--role: {e}"))?;
     let memberships = args
@@ -320,8 +350,14 @@ pub async fn token_create(pool: &PgPool, email: &str, name: &str) -> Result<Stri
     let (token, hash, prefix) = web::auth::generate_token();
     let mut tx = pool.begin().await?;
     db::tokens::insert(&mut *tx, user_id, name, &hash, &prefix).await?;
-    db::audit::record(&mut *tx, &Actor::cli(), "token.created", email.as_str(), json!({"name": name, "prefix": prefix}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &Actor::cli(),
+        "token.created",
+        email.as_str(),
+        json!({"name": name, "prefix": prefix}),
+    )
+    .await?;
     tx.commit().await?;
     Ok(token)
 }
@@ -333,17 +369,40 @@ pub const DEMO_PASSWORD: &str = "try gpuslice on a laptop";
 pub const DEMO_USERS: [(&str, &str, &str, &[&str]); 5] = [
     ("admin@demo.gpuslice.dev", "Ada Admin", "admin", &[]),
     ("finance@demo.gpuslice.dev", "Fin Ance", "finance", &[]),
-    ("pi@demo.gpuslice.dev", "Grace Hopper (PI)", "none", &["vision-lab:manager", "nlp-group"]),
-    ("student@demo.gpuslice.dev", "Sam Student", "none", &["vision-lab", "cs-101"]),
-    ("ta@demo.gpuslice.dev", "Tara TA", "none", &["cs-101:manager"]),
+    (
+        "pi@demo.gpuslice.dev",
+        "Grace Hopper (PI)",
+        "none",
+        &["vision-lab:manager", "nlp-group"],
+    ),
+    (
+        "student@demo.gpuslice.dev",
+        "Sam Student",
+        "none",
+        &["vision-lab", "cs-101"],
+    ),
+    (
+        "ta@demo.gpuslice.dev",
+        "Tara TA",
+        "none",
+        &["cs-101:manager"],
+    ),
 ];
 
 /// Creates the demo tenants and users unless they exist (idempotent).
 pub async fn seed_demo(pool: &PgPool) -> Result<()> {
     let tenants: [(&str, &str, [&str; 5]); 3] = [
-        ("vision-lab", "Computer Vision Lab", ["4", "160", "14", "2000", "72"]),
+        (
+            "vision-lab",
+            "Computer Vision Lab",
+            ["4", "160", "14", "2000", "72"],
+        ),
         ("nlp-group", "NLP Group", ["3", "80", "7", "1000", "48"]),
-        ("cs-101", "CS-101 Deep Learning (course)", ["1", "10", "1", "200", "4"]),
+        (
+            "cs-101",
+            "CS-101 Deep Learning (course)",
+            ["1", "10", "1", "200", "4"],
+        ),
     ];
     for (slug, name, [active, mem, slices, hours, longest]) in tenants {
         if db::tenants::id_by_slug(pool, slug).await?.is_some() {

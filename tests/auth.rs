@@ -23,11 +23,15 @@ async fn sign_in_succeeds_and_shows_the_dashboard() {
     let page = c.get(app.url("/")).send().await.unwrap();
     assert_eq!(page.status(), StatusCode::OK);
     let body = page.text().await.unwrap();
-    assert!(body.contains("Tenant vision-lab"), "dashboard lists the tenant");
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.succeeded'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    assert!(
+        body.contains("Tenant vision-lab"),
+        "dashboard lists the tenant"
+    );
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.succeeded'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(n, 1);
 }
 
@@ -39,7 +43,12 @@ async fn sign_in_follows_only_local_next() {
     let token = app.csrf(&c, "/login").await;
     let r = c
         .post(app.url("/login"))
-        .form(&[("csrf_token", token.as_str()), ("email", "ada@uni.edu"), ("password", PASSWORD), ("next", "//evil.example/")])
+        .form(&[
+            ("csrf_token", token.as_str()),
+            ("email", "ada@uni.edu"),
+            ("password", PASSWORD),
+            ("next", "//evil.example/"),
+        ])
         .send()
         .await
         .unwrap();
@@ -48,7 +57,12 @@ async fn sign_in_follows_only_local_next() {
     let token = app.csrf(&c, "/login").await;
     let r = c
         .post(app.url("/login"))
-        .form(&[("csrf_token", token.as_str()), ("email", "ada@uni.edu"), ("password", PASSWORD), ("next", "/admin/users")])
+        .form(&[
+            ("csrf_token", token.as_str()),
+            ("email", "ada@uni.edu"),
+            ("password", PASSWORD),
+            ("next", "/admin/users"),
+        ])
         .send()
         .await
         .unwrap();
@@ -65,19 +79,24 @@ async fn unknown_user_and_wrong_password_get_the_same_answer() {
         s.replace(&t, "TOKEN")
     };
     let c1 = app.client();
-    let wrong = app.login_as(&c1, "ada@uni.edu", "not the right password at all").await;
+    let wrong = app
+        .login_as(&c1, "ada@uni.edu", "not the right password at all")
+        .await;
     let c2 = app.client();
-    let unknown = app.login_as(&c2, "bob@uni.edu", "not the right password at all").await;
+    let unknown = app
+        .login_as(&c2, "bob@uni.edu", "not the right password at all")
+        .await;
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(unknown.status(), StatusCode::UNAUTHORIZED);
     let wrong = strip(wrong.text().await.unwrap()).replace("ada@uni.edu", "EMAIL");
     let unknown = strip(unknown.text().await.unwrap()).replace("bob@uni.edu", "EMAIL");
     assert_eq!(wrong, unknown);
     assert!(wrong.contains("do not match an account"));
-    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(failed, 2);
 }
 
@@ -87,12 +106,17 @@ async fn session_id_changes_at_sign_in() {
     app.user("ada@uni.edu", "none", &[]).await;
     let c = app.client();
     let page = c.get(app.url("/login")).send().await.unwrap();
-    let before = session_cookie(&page).expect("the sign-in page starts a session for its CSRF token");
+    let before =
+        session_cookie(&page).expect("the sign-in page starts a session for its CSRF token");
     let body = page.text().await.unwrap();
     let token = common::extract_csrf(&body).unwrap();
     let r = c
         .post(app.url("/login"))
-        .form(&[("csrf_token", token.as_str()), ("email", "ada@uni.edu"), ("password", PASSWORD)])
+        .form(&[
+            ("csrf_token", token.as_str()),
+            ("email", "ada@uni.edu"),
+            ("password", PASSWORD),
+        ])
         .send()
         .await
         .unwrap();
@@ -115,15 +139,26 @@ async fn cookies_are_http_only_and_same_site_lax() {
     let set_cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
     assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
     assert!(set_cookie.contains("SameSite=Lax"), "{set_cookie}");
-    assert!(!set_cookie.contains("Secure"), "plain HTTP by default: {set_cookie}");
+    assert!(
+        !set_cookie.contains("Secure"),
+        "plain HTTP by default: {set_cookie}"
+    );
 
     let secure = TestApp::spawn_with(gpuslice::web::WebSettings {
         secure_cookies: true,
         ..Default::default()
     })
     .await;
-    let r = secure.client().get(secure.url("/login")).send().await.unwrap();
-    assert!(r.headers()["set-cookie"].to_str().unwrap().contains("Secure"));
+    let r = secure
+        .client()
+        .get(secure.url("/login"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("Secure"));
 }
 
 /// Replays a stolen cookie from a second client.
@@ -146,12 +181,18 @@ async fn logout_ends_the_session_on_the_server() {
     let c = app.client();
     let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
     let cookie = session_cookie(&r).unwrap();
-    assert_eq!(with_cookie(&app, &cookie, "/").await.status(), StatusCode::OK);
+    assert_eq!(
+        with_cookie(&app, &cookie, "/").await.status(),
+        StatusCode::OK
+    );
     let r = app.post_form(&c, "/", "/logout", &[]).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let after = with_cookie(&app, &cookie, "/").await;
     assert_eq!(after.status(), StatusCode::SEE_OTHER);
-    assert!(after.headers()["location"].to_str().unwrap().starts_with("/login"));
+    assert!(after.headers()["location"]
+        .to_str()
+        .unwrap()
+        .starts_with("/login"));
 }
 
 #[tokio::test]
@@ -160,17 +201,31 @@ async fn disabling_a_user_ends_their_sessions_and_tokens_at_once() {
     let uid = app.user("sam@uni.edu", "none", &[]).await;
     app.user("admin@uni.edu", "admin", &[]).await;
     let sam = app.signed_in("sam@uni.edu").await;
-    let token = gpuslice::cli::token_create(&app.pool, "sam@uni.edu", "laptop").await.unwrap();
-    assert_eq!(sam.get(app.url("/")).send().await.unwrap().status(), StatusCode::OK);
+    let token = gpuslice::cli::token_create(&app.pool, "sam@uni.edu", "laptop")
+        .await
+        .unwrap();
+    assert_eq!(
+        sam.get(app.url("/")).send().await.unwrap().status(),
+        StatusCode::OK
+    );
 
     let admin = app.signed_in("admin@uni.edu").await;
     let r = app
-        .post_form(&admin, "/admin/users", &format!("/admin/users/{uid}/disable"), &[])
+        .post_form(
+            &admin,
+            "/admin/users",
+            &format!("/admin/users/{uid}/disable"),
+            &[],
+        )
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
 
     let r = sam.get(app.url("/")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::SEE_OTHER, "the open session is over");
+    assert_eq!(
+        r.status(),
+        StatusCode::SEE_OTHER,
+        "the open session is over"
+    );
     let api = reqwest::Client::new()
         .get(app.url("/api/v1/me"))
         .bearer_auth(&token)
@@ -180,7 +235,10 @@ async fn disabling_a_user_ends_their_sessions_and_tokens_at_once() {
     assert_eq!(api.status(), StatusCode::UNAUTHORIZED);
     // And they cannot sign in again.
     let c = app.client();
-    assert_eq!(app.login_as(&c, "sam@uni.edu", PASSWORD).await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        app.login_as(&c, "sam@uni.edu", PASSWORD).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
 }
 
 #[tokio::test]
@@ -191,12 +249,22 @@ async fn password_reset_ends_old_sessions() {
     let sam = app.signed_in("sam@uni.edu").await;
     let admin = app.signed_in("admin@uni.edu").await;
     let r = app
-        .post_form(&admin, "/admin/users", &format!("/admin/users/{uid}/password"), &[("password", "a brand new passphrase for sam")])
+        .post_form(
+            &admin,
+            "/admin/users",
+            &format!("/admin/users/{uid}/password"),
+            &[("password", "a brand new passphrase for sam")],
+        )
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert_eq!(sam.get(app.url("/")).send().await.unwrap().status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        sam.get(app.url("/")).send().await.unwrap().status(),
+        StatusCode::SEE_OTHER
+    );
     let c = app.client();
-    let r = app.login_as(&c, "sam@uni.edu", "a brand new passphrase for sam").await;
+    let r = app
+        .login_as(&c, "sam@uni.edu", "a brand new passphrase for sam")
+        .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
 }
 
@@ -217,13 +285,27 @@ async fn a_post_without_the_csrf_token_changes_nothing() {
         ("max_booking_hours", "1"),
     ];
     // No token at all.
-    let r = admin.post(app.url("/admin/tenants")).form(&fields).send().await.unwrap();
+    let r = admin
+        .post(app.url("/admin/tenants"))
+        .form(&fields)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    assert!(r.text().await.unwrap().contains("did not come from this site"));
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("did not come from this site"));
     // A wrong token.
     let mut bad = fields.to_vec();
     bad.push(("csrf_token", "forged"));
-    let r = admin.post(app.url("/admin/tenants")).form(&bad).send().await.unwrap();
+    let r = admin
+        .post(app.url("/admin/tenants"))
+        .form(&bad)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     // The right token, but a cross-site request (what a browser says for a
     // form posted from another site).
@@ -241,7 +323,10 @@ async fn a_post_without_the_csrf_token_changes_nothing() {
     // Logout is protected too.
     let r = admin.post(app.url("/logout")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    assert_eq!(admin.get(app.url("/")).send().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        admin.get(app.url("/")).send().await.unwrap().status(),
+        StatusCode::OK
+    );
 
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tenants")
         .fetch_one(&app.pool)
@@ -266,25 +351,41 @@ async fn sign_in_is_throttled_per_account_and_recovers() {
     app.user("ada@uni.edu", "none", &[]).await;
     for i in 0..10 {
         let c = app.client();
-        let r = app.login_as(&c, "ada@uni.edu", "guessing the password now").await;
+        let r = app
+            .login_as(&c, "ada@uni.edu", "guessing the password now")
+            .await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "attempt {i}");
     }
     let c = app.client();
     let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "even the right password waits");
-    let retry: i64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "even the right password waits"
+    );
+    let retry: i64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry > 0 && retry <= 15 * 60, "{retry}");
     // Other accounts from the same address are not locked out.
     app.user("bob@uni.edu", "none", &[]).await;
     let c = app.client();
-    assert_eq!(app.login_as(&c, "bob@uni.edu", PASSWORD).await.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        app.login_as(&c, "bob@uni.edu", PASSWORD).await.status(),
+        StatusCode::SEE_OTHER
+    );
     // The window ends: the account works again (no permanent lockout).
     sqlx::query("UPDATE login_throttle SET window_start = now() - interval '16 minutes'")
         .execute(&app.pool)
         .await
         .unwrap();
     let c = app.client();
-    assert_eq!(app.login_as(&c, "ada@uni.edu", PASSWORD).await.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        app.login_as(&c, "ada@uni.edu", PASSWORD).await.status(),
+        StatusCode::SEE_OTHER
+    );
 }
 
 #[tokio::test]
@@ -292,7 +393,13 @@ async fn sign_in_is_throttled_per_address() {
     let app = TestApp::spawn().await;
     for i in 0..20 {
         let c = app.client();
-        let r = app.login_as(&c, &format!("nobody{i}@uni.edu"), "guessing the password now").await;
+        let r = app
+            .login_as(
+                &c,
+                &format!("nobody{i}@uni.edu"),
+                "guessing the password now",
+            )
+            .await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "attempt {i}");
     }
     app.user("ada@uni.edu", "none", &[]).await;
@@ -309,11 +416,21 @@ async fn api_tokens_work_for_the_api_and_can_be_revoked() {
     app.tenant("nlp").await;
     app.user("sam@uni.edu", "none", &["vision-lab"]).await;
     let sam = app.signed_in("sam@uni.edu").await;
-    let r = app.post_form(&sam, "/settings/tokens", "/settings/tokens", &[("name", "laptop")]).await;
+    let r = app
+        .post_form(
+            &sam,
+            "/settings/tokens",
+            "/settings/tokens",
+            &[("name", "laptop")],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let body = r.text().await.unwrap();
     let start = body.find("gps_").expect("the new token is shown once");
-    let token: String = body[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').collect();
+    let token: String = body[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect();
 
     let api = reqwest::Client::new();
     let me: serde_json::Value = api
@@ -335,7 +452,12 @@ async fn api_tokens_work_for_the_api_and_can_be_revoked() {
         .json()
         .await
         .unwrap();
-    let slugs: Vec<_> = tenants["tenants"].as_array().unwrap().iter().map(|t| t["slug"].as_str().unwrap()).collect();
+    let slugs: Vec<_> = tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["slug"].as_str().unwrap())
+        .collect();
     assert_eq!(slugs, ["vision-lab"], "no other tenant's data");
     // Only the hash is stored.
     let stored: String = sqlx::query_scalar("SELECT token_hash FROM api_tokens")
@@ -345,12 +467,34 @@ async fn api_tokens_work_for_the_api_and_can_be_revoked() {
     assert_ne!(stored, token);
     assert!(!stored.contains(&token[4..]));
 
-    let list = sam.get(app.url("/settings/tokens")).send().await.unwrap().text().await.unwrap();
+    let list = sam
+        .get(app.url("/settings/tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(!list.contains(&token), "never shown again");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens").fetch_one(&app.pool).await.unwrap();
-    let r = app.post_form(&sam, "/settings/tokens", &format!("/settings/tokens/{id}/revoke"), &[]).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let r = app
+        .post_form(
+            &sam,
+            "/settings/tokens",
+            &format!("/settings/tokens/{id}/revoke"),
+            &[],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let r = api.get(app.url("/api/v1/me")).bearer_auth(&token).send().await.unwrap();
+    let r = api
+        .get(app.url("/api/v1/me"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     let err: serde_json::Value = r.json().await.unwrap();
     assert_eq!(err["error"], "unauthenticated");
@@ -362,10 +506,22 @@ async fn a_token_cannot_be_revoked_by_someone_else() {
     let app = TestApp::spawn().await;
     app.user("sam@uni.edu", "none", &[]).await;
     app.user("eve@uni.edu", "none", &[]).await;
-    gpuslice::cli::token_create(&app.pool, "sam@uni.edu", "laptop").await.unwrap();
-    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens").fetch_one(&app.pool).await.unwrap();
+    gpuslice::cli::token_create(&app.pool, "sam@uni.edu", "laptop")
+        .await
+        .unwrap();
+    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     let eve = app.signed_in("eve@uni.edu").await;
-    let r = app.post_form(&eve, "/settings/tokens", &format!("/settings/tokens/{id}/revoke"), &[]).await;
+    let r = app
+        .post_form(
+            &eve,
+            "/settings/tokens",
+            &format!("/settings/tokens/{id}/revoke"),
+            &[],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_tokens")
         .fetch_one(&app.pool)

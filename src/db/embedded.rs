@@ -37,7 +37,11 @@ postgresql`) or set DATABASE_URL to an existing PostgreSQL database";
 
 /// Finds the folder holding `initdb`, `pg_ctl` and `postgres`.
 pub fn find_bin_dir() -> Result<PathBuf> {
-    let has_all = |dir: &Path| ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file());
+    let has_all = |dir: &Path| {
+        ["initdb", "pg_ctl", "postgres"]
+            .iter()
+            .all(|b| dir.join(b).is_file())
+    };
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             let initdb = dir.join("initdb");
@@ -149,7 +153,11 @@ impl Cluster {
             .arg("-D")
             .arg(&self.pgdata)
             .args(["-U", DB_NAME, "-E", "UTF8", "--locale=C.UTF-8"])
-            .args(["--auth-local=trust", "--auth-host=reject", "--no-instructions"])
+            .args([
+                "--auth-local=trust",
+                "--auth-host=reject",
+                "--no-instructions",
+            ])
             .output()
             .context("cannot run initdb")?;
         if !out.status.success() {

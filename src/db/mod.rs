@@ -3,8 +3,8 @@
 
 pub mod audit;
 pub mod embedded;
-pub mod throttle;
 pub mod tenants;
+pub mod throttle;
 pub mod tokens;
 pub mod users;
 
@@ -30,7 +30,9 @@ impl Database {
     pub async fn open(url: Option<&str>, data_dir: &Path) -> Result<Database> {
         match url {
             Some(url) if !url.trim().is_empty() => Ok(Database::Url(url.to_string())),
-            _ => Ok(Database::Embedded(embedded::Cluster::ensure(data_dir).await?)),
+            _ => Ok(Database::Embedded(
+                embedded::Cluster::ensure(data_dir).await?,
+            )),
         }
     }
 

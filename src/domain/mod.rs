@@ -209,7 +209,15 @@ mod tests {
             Email::parse("  Ada@Uni.EDU ").unwrap().as_str(),
             "ada@uni.edu"
         );
-        for bad in ["", "ada", "ada@", "@uni.edu", "a@b@c.d", "ada@uni", "a da@uni.edu"] {
+        for bad in [
+            "",
+            "ada",
+            "ada@",
+            "@uni.edu",
+            "a@b@c.d",
+            "ada@uni",
+            "a da@uni.edu",
+        ] {
             assert!(Email::parse(bad).is_err(), "{bad:?} should be refused");
         }
     }
@@ -218,7 +226,15 @@ mod tests {
     fn slug_rules() {
         assert!(Slug::parse("vision-lab").is_ok());
         assert!(Slug::parse("cs101").is_ok());
-        for bad in ["a", "-lab", "lab-", "Vision", "vision lab", "ü-lab", &"x".repeat(41)] {
+        for bad in [
+            "a",
+            "-lab",
+            "lab-",
+            "Vision",
+            "vision lab",
+            "ü-lab",
+            &"x".repeat(41),
+        ] {
             assert!(Slug::parse(bad).is_err(), "{bad:?} should be refused");
         }
     }

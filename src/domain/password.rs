@@ -75,12 +75,7 @@ fn is_common(folded: &str) -> bool {
     // One character repeated, or a short unit repeated ("abcabcabc...").
     let chars: Vec<char> = folded.chars().collect();
     for unit in 1..=4 {
-        if chars.len() >= unit * 3
-            && chars
-                .iter()
-                .enumerate()
-                .all(|(i, c)| *c == chars[i % unit])
-        {
+        if chars.len() >= unit * 3 && chars.iter().enumerate().all(|(i, c)| *c == chars[i % unit]) {
             return true;
         }
     }

@@ -121,17 +121,25 @@ fn int_in(raw: &str, min: i32, max: i32, unit: &str) -> Result<i32, String> {
         return Err("may not be negative".into());
     }
     if n < i64::from(min) {
-        return Err(format!("must be at least {min} {unit}").trim_end().to_string());
+        return Err(format!("must be at least {min} {unit}")
+            .trim_end()
+            .to_string());
     }
     if n > i64::from(max) {
-        return Err(format!("must be at most {max} {unit}").trim_end().to_string());
+        return Err(format!("must be at most {max} {unit}")
+            .trim_end()
+            .to_string());
     }
     Ok(n as i32)
 }
 
 fn name_list(raw: &str) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
-    for item in raw.split([',', ' ', '\n']).map(str::trim).filter(|s| !s.is_empty()) {
+    for item in raw
+        .split([',', ' ', '\n'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         let ok = item.len() <= 40
             && item
                 .chars()
@@ -159,7 +167,12 @@ impl QuotaInput {
         };
         let max_active_bookings = take(
             QuotaField::MaxActiveBookings,
-            int_in(&self.max_active_bookings, 0, MAX_ACTIVE_BOOKINGS, "bookings"),
+            int_in(
+                &self.max_active_bookings,
+                0,
+                MAX_ACTIVE_BOOKINGS,
+                "bookings",
+            ),
         );
         let max_gpu_memory_gib = take(
             QuotaField::MaxGpuMemoryGib,
@@ -175,7 +188,12 @@ impl QuotaInput {
         );
         let monthly_slice_hours = take(
             QuotaField::MonthlySliceHours,
-            int_in(&self.monthly_slice_hours, 0, MAX_MONTHLY_SLICE_HOURS, "slice-hours"),
+            int_in(
+                &self.monthly_slice_hours,
+                0,
+                MAX_MONTHLY_SLICE_HOURS,
+                "slice-hours",
+            ),
         );
         let max_booking_hours = take(
             QuotaField::MaxBookingHours,
@@ -255,7 +273,10 @@ mod tests {
     fn model_lists_are_split_and_deduplicated() {
         let mut i = input();
         i.allowed_models = "H100-80GB, A100-80GB H100-80GB".into();
-        assert_eq!(i.parse().unwrap().allowed_models, ["H100-80GB", "A100-80GB"]);
+        assert_eq!(
+            i.parse().unwrap().allowed_models,
+            ["H100-80GB", "A100-80GB"]
+        );
         i.allowed_models = "H100;drop".into();
         assert!(i.parse().is_err());
     }

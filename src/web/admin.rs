@@ -4,8 +4,8 @@
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Redirect, Response};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use serde::Deserialize;
 use serde_json::json;
@@ -79,24 +79,87 @@ fn quota_fields(q: &QuotaInput, errors: &FieldErrors) -> Vec<Field> {
         max,
     };
     vec![
-        f(QuotaField::MaxActiveBookings, "Active bookings", "bookings live at the same time", &q.max_active_bookings, "0", "1000"),
-        f(QuotaField::MaxGpuMemoryGib, "GPU memory (GiB)", "booked at the same time", &q.max_gpu_memory_gib, "0", "100000"),
-        f(QuotaField::MaxComputeSlices, "Compute slices", "at the same time; a whole GPU has 7", &q.max_compute_slices, "0", "10000"),
-        f(QuotaField::MonthlySliceHours, "Monthly slice-hours", "budget; 1 slice for 1 hour = 1", &q.monthly_slice_hours, "0", "10000000"),
-        f(QuotaField::MaxBookingHours, "Longest booking (hours)", "1 to 2160", &q.max_booking_hours, "1", "2160"),
-        f(QuotaField::GuaranteedSharePct, "Guaranteed share (%)", "QoS floor for time-sliced shares", &q.guaranteed_share_pct, "0", "100"),
+        f(
+            QuotaField::MaxActiveBookings,
+            "Active bookings",
+            "bookings live at the same time",
+            &q.max_active_bookings,
+            "0",
+            "1000",
+        ),
+        f(
+            QuotaField::MaxGpuMemoryGib,
+            "GPU memory (GiB)",
+            "booked at the same time",
+            &q.max_gpu_memory_gib,
+            "0",
+            "100000",
+        ),
+        f(
+            QuotaField::MaxComputeSlices,
+            "Compute slices",
+            "at the same time; a whole GPU has 7",
+            &q.max_compute_slices,
+            "0",
+            "10000",
+        ),
+        f(
+            QuotaField::MonthlySliceHours,
+            "Monthly slice-hours",
+            "budget; 1 slice for 1 hour = 1",
+            &q.monthly_slice_hours,
+            "0",
+            "10000000",
+        ),
+        f(
+            QuotaField::MaxBookingHours,
+            "Longest booking (hours)",
+            "1 to 2160",
+            &q.max_booking_hours,
+            "1",
+            "2160",
+        ),
+        f(
+            QuotaField::GuaranteedSharePct,
+            "Guaranteed share (%)",
+            "QoS floor for time-sliced shares",
+            &q.guaranteed_share_pct,
+            "0",
+            "100",
+        ),
         Field {
             kind: "select",
             options: Priority::ALL.iter().map(|p| p.as_str()).collect(),
-            ..f(QuotaField::DefaultPriority, "Default priority", "for time-sliced shares", &q.default_priority, "", "")
+            ..f(
+                QuotaField::DefaultPriority,
+                "Default priority",
+                "for time-sliced shares",
+                &q.default_priority,
+                "",
+                "",
+            )
         },
         Field {
             kind: "text",
-            ..f(QuotaField::AllowedModels, "Allowed GPU models", "comma-separated; empty allows all", &q.allowed_models, "", "")
+            ..f(
+                QuotaField::AllowedModels,
+                "Allowed GPU models",
+                "comma-separated; empty allows all",
+                &q.allowed_models,
+                "",
+                "",
+            )
         },
         Field {
             kind: "text",
-            ..f(QuotaField::AllowedProfiles, "Allowed MIG profiles", "comma-separated; empty allows all", &q.allowed_profiles, "", "")
+            ..f(
+                QuotaField::AllowedProfiles,
+                "Allowed MIG profiles",
+                "comma-separated; empty allows all",
+                &q.allowed_profiles,
+                "",
+                "",
+            )
         },
     ]
 }
@@ -119,7 +182,10 @@ pub async fn new_tenant(
     })
 }
 
-fn parse_tenant_form(form: &TenantForm, creating: bool) -> Result<(Option<Slug>, String, Quota), FieldErrors> {
+fn parse_tenant_form(
+    form: &TenantForm,
+    creating: bool,
+) -> Result<(Option<Slug>, String, Quota), FieldErrors> {
     let mut errors = FieldErrors::default();
     let slug = if creating {
         match Slug::parse(&form.slug) {
@@ -288,7 +354,11 @@ async fn set_tenant_archived(
     let tenant = db::tenants::get(&state.pool, id).await?;
     let mut tx = state.pool.begin().await?;
     db::tenants::set_archived(&mut *tx, id, archived).await?;
-    let action = if archived { "tenant.archived" } else { "tenant.restored" };
+    let action = if archived {
+        "tenant.archived"
+    } else {
+        "tenant.restored"
+    };
     db::audit::record(&mut *tx, &user.actor(), action, &tenant.slug, json!({})).await?;
     tx.commit().await?;
     let verb = if archived { "archived" } else { "restored" };
@@ -409,7 +479,9 @@ pub async fn create_user(
 ) -> Result<Response, AppError> {
     user.require_admin()?;
     let mut errors = FieldErrors::default();
-    let email = Email::parse(&form.email).map_err(|e| errors.add("email", e)).ok();
+    let email = Email::parse(&form.email)
+        .map_err(|e| errors.add("email", e))
+        .ok();
     let name = parse_name(&form.display_name, "display name")
         .map_err(|e| errors.add("display_name", e))
         .ok();
@@ -435,7 +507,11 @@ pub async fn create_user(
                 )
                 .await?;
                 tx.commit().await?;
-                flash(&session, format!("User {email} created. Add their tenants below.")).await?;
+                flash(
+                    &session,
+                    format!("User {email} created. Add their tenants below."),
+                )
+                .await?;
                 return Ok(Redirect::to(&format!("/admin/users/{id}")).into_response());
             }
             Err(e) if is_unique_violation(&e, "users_email_key") => {
@@ -582,16 +658,25 @@ async fn set_user_disabled(
 ) -> Result<Response, AppError> {
     user.require_admin()?;
     if disabled && id == user.user.id {
-        return Err(AppError::Conflict("you cannot disable your own account".into()));
+        return Err(AppError::Conflict(
+            "you cannot disable your own account".into(),
+        ));
     }
     let subject = db::users::get(&state.pool, id).await?;
     let mut tx = state.pool.begin().await?;
     db::users::set_disabled(&mut *tx, id, disabled).await?;
-    let action = if disabled { "user.disabled" } else { "user.enabled" };
+    let action = if disabled {
+        "user.disabled"
+    } else {
+        "user.enabled"
+    };
     db::audit::record(&mut *tx, &user.actor(), action, &subject.email, json!({})).await?;
     tx.commit().await?;
     let msg = if disabled {
-        format!("{} is disabled; their sessions and tokens no longer work.", subject.email)
+        format!(
+            "{} is disabled; their sessions and tokens no longer work.",
+            subject.email
+        )
     } else {
         format!("{} can sign in again.", subject.email)
     };
@@ -644,12 +729,21 @@ pub async fn reset_password(
     let hash = hash_off_runtime(password).await?;
     let mut tx = state.pool.begin().await?;
     db::users::set_password(&mut *tx, id, &hash).await?;
-    db::audit::record(&mut *tx, &user.actor(), "user.password_reset", &subject.email, json!({}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "user.password_reset",
+        &subject.email,
+        json!({}),
+    )
+    .await?;
     tx.commit().await?;
     flash(
         &session,
-        format!("New password set for {}; their other sessions have ended.", subject.email),
+        format!(
+            "New password set for {}; their other sessions have ended.",
+            subject.email
+        ),
     )
     .await?;
     Ok(Redirect::to(&format!("/admin/users/{id}")).into_response())
@@ -673,7 +767,9 @@ pub async fn add_membership(
     user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let mut errors = FieldErrors::default();
-    let role = TenantRole::parse(&form.role).map_err(|e| errors.add("role", e)).ok();
+    let role = TenantRole::parse(&form.role)
+        .map_err(|e| errors.add("role", e))
+        .ok();
     let tenant = match form.tenant_id.trim().parse::<i64>() {
         Ok(tid) => match db::tenants::get(&state.pool, tid).await {
             Ok(t) if !t.archived => Some(t),
@@ -707,7 +803,16 @@ pub async fn add_membership(
     )
     .await?;
     tx.commit().await?;
-    flash(&session, format!("{} is now {} of {}.", subject.email, role.as_str(), tenant.name)).await?;
+    flash(
+        &session,
+        format!(
+            "{} is now {} of {}.",
+            subject.email,
+            role.as_str(),
+            tenant.name
+        ),
+    )
+    .await?;
     Ok(Redirect::to(&format!("/admin/users/{id}")).into_response())
 }
 

@@ -50,7 +50,13 @@ pub async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
     {
         return (
             StatusCode::NOT_MODIFIED,
-            [(header::ETAG, tag), (header::CACHE_CONTROL, cache.to_str().unwrap_or_default().to_string())],
+            [
+                (header::ETAG, tag),
+                (
+                    header::CACHE_CONTROL,
+                    cache.to_str().unwrap_or_default().to_string(),
+                ),
+            ],
         )
             .into_response();
     }
@@ -64,7 +70,10 @@ pub async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
         [
             (header::CONTENT_TYPE, content_type),
             (header::ETAG, tag),
-            (header::CACHE_CONTROL, cache.to_str().unwrap_or_default().to_string()),
+            (
+                header::CACHE_CONTROL,
+                cache.to_str().unwrap_or_default().to_string(),
+            ),
         ],
         file.data.into_owned(),
     )

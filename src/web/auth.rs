@@ -55,7 +55,9 @@ impl CurrentUser {
         if self.is_admin() {
             Ok(())
         } else {
-            Err(AppError::Forbidden("this page is for platform admins".into()))
+            Err(AppError::Forbidden(
+                "this page is for platform admins".into(),
+            ))
         }
     }
 
@@ -263,8 +265,14 @@ pub async fn login(
         if let Some(id) = actor.user_id {
             db::users::record_login(&state.pool, id, false).await?;
         }
-        db::audit::record(&state.pool, &actor, "login.failed", &email_key, serde_json::json!({}))
-            .await?;
+        db::audit::record(
+            &state.pool,
+            &actor,
+            "login.failed",
+            &email_key,
+            serde_json::json!({}),
+        )
+        .await?;
         let ctx = PageCtx::new(&state, &session, None).await?;
         let page = LoginPage {
             ctx,
@@ -277,7 +285,10 @@ pub async fn login(
 
     // A fresh session id at sign-in defeats session fixation.
     session.cycle_id().await.map_err(anyhow_err)?;
-    session.insert(SESSION_USER, creds.id).await.map_err(anyhow_err)?;
+    session
+        .insert(SESSION_USER, creds.id)
+        .await
+        .map_err(anyhow_err)?;
     session
         .insert(SESSION_EPOCH, creds.session_epoch)
         .await
@@ -289,8 +300,14 @@ pub async fn login(
     super::csrf::rotate(&session).await?;
     db::throttle::clear(&state.pool, &account_key).await?;
     db::users::record_login(&state.pool, creds.id, true).await?;
-    db::audit::record(&state.pool, &actor, "login.succeeded", &email_key, serde_json::json!({}))
-        .await?;
+    db::audit::record(
+        &state.pool,
+        &actor,
+        "login.succeeded",
+        &email_key,
+        serde_json::json!({}),
+    )
+    .await?;
     Ok(Redirect::to(&next).into_response())
 }
 
@@ -300,8 +317,14 @@ pub async fn logout(
     user: Option<CurrentUser>,
 ) -> Result<Response, AppError> {
     if let Some(user) = user {
-        db::audit::record(&state.pool, &user.actor(), "logout", &user.user.email, serde_json::json!({}))
-            .await?;
+        db::audit::record(
+            &state.pool,
+            &user.actor(),
+            "logout",
+            &user.user.email,
+            serde_json::json!({}),
+        )
+        .await?;
     }
     // Deletes the session row: the cookie is worthless from now on.
     session.flush().await.map_err(anyhow_err)?;

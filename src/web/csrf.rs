@@ -82,10 +82,10 @@ pub async fn protect(session: Session, req: Request, next: Next) -> Response {
         }
         return AppError::Csrf.into_response();
     }
-    let is_form = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/x-www-form-urlencoded"));
+    let is_form = req.headers().get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .starts_with(b"application/x-www-form-urlencoded")
+    });
     if !is_form {
         return AppError::Csrf.into_response();
     }
@@ -98,7 +98,8 @@ pub async fn protect(session: Session, req: Request, next: Next) -> Response {
         .map(|(_, v)| v.into_owned());
     match sent {
         Some(s) if constant_time_eq(s.as_bytes(), expected.as_bytes()) => {
-            next.run(Request::from_parts(parts, Body::from(bytes))).await
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
         }
         _ => AppError::Csrf.into_response(),
     }

@@ -156,7 +156,13 @@ pub async fn render_errors(req: Request, next: Next) -> Response {
     finish(resp, info, &path, query.as_deref(), is_get)
 }
 
-fn finish(resp: Response, info: ErrorInfo, path: &str, query: Option<&str>, is_get: bool) -> Response {
+fn finish(
+    resp: Response,
+    info: ErrorInfo,
+    path: &str,
+    query: Option<&str>,
+    is_get: bool,
+) -> Response {
     let status = resp.status();
     let api = path.starts_with("/api/") || path.ends_with(".csv");
     if !api && status == StatusCode::UNAUTHORIZED && is_get {

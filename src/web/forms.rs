@@ -8,7 +8,9 @@ pub struct FieldErrors(BTreeMap<String, String>);
 
 impl FieldErrors {
     pub fn add(&mut self, field: &str, message: impl Into<String>) {
-        self.0.entry(field.to_string()).or_insert_with(|| message.into());
+        self.0
+            .entry(field.to_string())
+            .or_insert_with(|| message.into());
     }
 
     pub fn get(&self, field: &str) -> Option<&String> {

@@ -14,7 +14,9 @@ use super::AppState;
 use crate::db;
 
 /// Latency buckets in seconds (Prometheus' defaults, which suit web pages).
-const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 #[derive(Default)]
 struct Histogram {
@@ -35,10 +37,13 @@ pub struct Metrics {
 impl Metrics {
     fn observe(&self, method: &str, route: &str, status: u16, secs: f64) {
         if let Ok(mut m) = self.requests.lock() {
-            *m.entry((method.to_string(), route.to_string(), status)).or_default() += 1;
+            *m.entry((method.to_string(), route.to_string(), status))
+                .or_default() += 1;
         }
         if let Ok(mut m) = self.latency.lock() {
-            let h = m.entry((method.to_string(), route.to_string())).or_default();
+            let h = m
+                .entry((method.to_string(), route.to_string()))
+                .or_default();
             for (i, le) in BUCKETS.iter().enumerate() {
                 if secs <= *le {
                     h.counts[i] += 1;
@@ -52,7 +57,9 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str("# HELP gpuslice_http_requests_total HTTP requests by method, route and status.\n");
+        out.push_str(
+            "# HELP gpuslice_http_requests_total HTTP requests by method, route and status.\n",
+        );
         out.push_str("# TYPE gpuslice_http_requests_total counter\n");
         if let Ok(m) = self.requests.lock() {
             for ((method, route, status), n) in m.iter() {
@@ -80,8 +87,16 @@ impl Metrics {
                     "gpuslice_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
                     h.count
                 );
-                let _ = writeln!(out, "gpuslice_http_request_duration_seconds_sum{{{labels}}} {}", h.sum);
-                let _ = writeln!(out, "gpuslice_http_request_duration_seconds_count{{{labels}}} {}", h.count);
+                let _ = writeln!(
+                    out,
+                    "gpuslice_http_request_duration_seconds_sum{{{labels}}} {}",
+                    h.sum
+                );
+                let _ = writeln!(
+                    out,
+                    "gpuslice_http_request_duration_seconds_count{{{labels}}} {}",
+                    h.count
+                );
             }
         }
         out
@@ -89,7 +104,10 @@ impl Metrics {
 }
 
 fn escape(label: &str) -> String {
-    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -101,9 +119,12 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
     let resp = next.run(req).await;
-    state
-        .metrics
-        .observe(&method, &route, resp.status().as_u16(), start.elapsed().as_secs_f64());
+    state.metrics.observe(
+        &method,
+        &route,
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
     resp
 }
 
@@ -122,11 +143,17 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let mut body = state.metrics.render();
     let pool = &state.pool;
-    let _ = writeln!(body, "# HELP gpuslice_db_pool_connections Open database connections.");
+    let _ = writeln!(
+        body,
+        "# HELP gpuslice_db_pool_connections Open database connections."
+    );
     let _ = writeln!(body, "# TYPE gpuslice_db_pool_connections gauge");
     let _ = writeln!(body, "gpuslice_db_pool_connections {}", pool.size());
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         body,
     )
         .into_response()

@@ -49,7 +49,15 @@ pub async fn tokens(
     session: Session,
     user: CurrentUser,
 ) -> Result<TokensPage, AppError> {
-    page(&state, &session, &user, None, String::new(), FieldErrors::default()).await
+    page(
+        &state,
+        &session,
+        &user,
+        None,
+        String::new(),
+        FieldErrors::default(),
+    )
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,7 +75,10 @@ pub async fn create_token(
     let name = form.name.trim();
     let mut errors = FieldErrors::default();
     if name.is_empty() {
-        errors.add("name", "name the token after where it will be used, e.g. \"laptop\"");
+        errors.add(
+            "name",
+            "name the token after where it will be used, e.g. \"laptop\"",
+        );
     } else if name.chars().count() > 100 {
         errors.add("name", "a token name has at most 100 characters");
     }
@@ -78,12 +89,28 @@ pub async fn create_token(
     let (token, hash, prefix) = generate_token();
     let mut tx = state.pool.begin().await?;
     db::tokens::insert(&mut *tx, user.user.id, name, &hash, &prefix).await?;
-    db::audit::record(&mut *tx, &user.actor(), "token.created", &user.user.email, json!({"name": name, "prefix": prefix}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "token.created",
+        &user.user.email,
+        json!({"name": name, "prefix": prefix}),
+    )
+    .await?;
     tx.commit().await?;
     // Shown on this response only; never stored in clear.
-    let mut p = page(&state, &session, &user, Some(token), String::new(), FieldErrors::default()).await?;
-    p.ctx.flash = Some(format!("Token \"{name}\" created. Copy it now: it will not be shown again."));
+    let mut p = page(
+        &state,
+        &session,
+        &user,
+        Some(token),
+        String::new(),
+        FieldErrors::default(),
+    )
+    .await?;
+    p.ctx.flash = Some(format!(
+        "Token \"{name}\" created. Copy it now: it will not be shown again."
+    ));
     Ok((StatusCode::CREATED, p).into_response())
 }
 
@@ -98,8 +125,14 @@ pub async fn revoke_token(
     if !db::tokens::revoke(&mut *tx, user.user.id, id).await? {
         return Err(AppError::NotFound);
     }
-    db::audit::record(&mut *tx, &user.actor(), "token.revoked", &user.user.email, json!({"token_id": id}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "token.revoked",
+        &user.user.email,
+        json!({"token_id": id}),
+    )
+    .await?;
     tx.commit().await?;
     flash(&session, "Token revoked.").await?;
     Ok(Redirect::to("/settings/tokens").into_response())

@@ -61,11 +61,12 @@ async fn init_shared() -> Shared {
         .execute(&mut conn)
         .await
         .unwrap();
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-        .bind(&template)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&template)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
     if !exists {
         let building = format!("{template}_building");
         sqlx::query(&format!("DROP DATABASE IF EXISTS {building}"))
@@ -78,7 +79,9 @@ async fn init_shared() -> Shared {
             .unwrap();
         {
             let pool = db::connect(cluster.options_for(&building)).await.unwrap();
-            db::migrate(&pool).await.expect("migrations apply to a new database");
+            db::migrate(&pool)
+                .await
+                .expect("migrations apply to a new database");
             pool.close().await;
         }
         sqlx::query(&format!("ALTER DATABASE {building} RENAME TO {template}"))
@@ -101,14 +104,23 @@ async fn init_shared() -> Shared {
 pub async fn fresh_db() -> (PgPool, PgConnectOptions, String) {
     let shared = shared();
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = shared.admin.connect().await.expect("connect to test cluster");
-    sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE {}", shared.template))
-        .execute(&mut conn)
+    let mut conn = shared
+        .admin
+        .connect()
         .await
-        .expect("clone the template database");
+        .expect("connect to test cluster");
+    sqlx::query(&format!(
+        "CREATE DATABASE {name} TEMPLATE {}",
+        shared.template
+    ))
+    .execute(&mut conn)
+    .await
+    .expect("clone the template database");
     conn.close().await.ok();
     let options = shared.admin.clone().database(&name);
-    let pool = db::connect(options.clone()).await.expect("connect to test database");
+    let pool = db::connect(options.clone())
+        .await
+        .expect("connect to test database");
     (pool, options, name)
 }
 
@@ -140,7 +152,11 @@ impl TestApp {
         let state = AppState::new(pool.clone(), settings).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(gpuslice::web::serve(listener, state, std::future::pending()));
+        tokio::spawn(gpuslice::web::serve(
+            listener,
+            state,
+            std::future::pending(),
+        ));
         TestApp {
             addr,
             pool,
@@ -170,7 +186,9 @@ impl TestApp {
             role: role.into(),
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
         };
-        gpuslice::cli::user_add(&self.pool, &args, PASSWORD).await.unwrap()
+        gpuslice::cli::user_add(&self.pool, &args, PASSWORD)
+            .await
+            .unwrap()
     }
 
     pub async fn tenant(&self, slug: &str) -> i64 {
@@ -190,16 +208,32 @@ impl TestApp {
 
     /// The CSRF token a page hands out to this client.
     pub async fn csrf(&self, client: &Client, path: &str) -> String {
-        let body = client.get(self.url(path)).send().await.unwrap().text().await.unwrap();
+        let body = client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         extract_csrf(&body).unwrap_or_else(|| panic!("no CSRF token on {path}"))
     }
 
     /// Signs in; returns the response to the sign-in POST.
-    pub async fn login_as(&self, client: &Client, email: &str, password: &str) -> reqwest::Response {
+    pub async fn login_as(
+        &self,
+        client: &Client,
+        email: &str,
+        password: &str,
+    ) -> reqwest::Response {
         let token = self.csrf(client, "/login").await;
         client
             .post(self.url("/login"))
-            .form(&[("csrf_token", token.as_str()), ("email", email), ("password", password)])
+            .form(&[
+                ("csrf_token", token.as_str()),
+                ("email", email),
+                ("password", password),
+            ])
             .send()
             .await
             .unwrap()
@@ -209,7 +243,11 @@ impl TestApp {
     pub async fn signed_in(&self, email: &str) -> Client {
         let c = self.client();
         let r = self.login_as(&c, email, PASSWORD).await;
-        assert_eq!(r.status(), StatusCode::SEE_OTHER, "sign-in as {email} failed");
+        assert_eq!(
+            r.status(),
+            StatusCode::SEE_OTHER,
+            "sign-in as {email} failed"
+        );
         c
     }
 

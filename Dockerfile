@@ -1,0 +1,20 @@
+# Build: docker build -t gpuslice .
+FROM rust:1.89-bookworm AS build
+WORKDIR /src
+COPY . .
+# .sqlx holds the query data, so no database is needed to build.
+RUN SQLX_OFFLINE=true cargo build --release --locked --bin gpuslice
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --home /var/lib/gpuslice --create-home gpuslice
+COPY --from=build /src/target/release/gpuslice /usr/local/bin/gpuslice
+USER gpuslice
+WORKDIR /var/lib/gpuslice
+ENV GPUSLICE_BIND=0.0.0.0:8080 GPUSLICE_DATA_DIR=/var/lib/gpuslice
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=3s CMD ["/bin/sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080"]
+ENTRYPOINT ["gpuslice"]
+CMD ["serve"]

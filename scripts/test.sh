@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine: installs what the tests need
+# (PostgreSQL server programs, Chromium and ChromeDriver for the browser
+# test) when missing, runs `cargo test`, and stops the test database after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: Rust (cargo) is needed: install it with rustup (https://rustup.rs)" >&2
+  exit 1
+fi
+
+need=()
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  need+=(postgresql)
+fi
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing ${need[*]} ..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "error: the tests need ${need[*]}; install them (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+
+stop_test_db() {
+  local pgdata=target/test-pg/pg
+  [ -f "$pgdata/postmaster.pid" ] || return 0
+  if [ "$(id -u)" = 0 ]; then
+    local owner
+    owner=$(stat -c %U "$pgdata")
+    runuser -u "$owner" -- "$(dirname "$(readlink -f "$(command -v pg_ctl || ls /usr/lib/postgresql/*/bin/pg_ctl | tail -1)")")/pg_ctl" -D "$pgdata" stop -m fast -s || true
+  else
+    pg_ctl -D "$pgdata" stop -m fast -s || true
+  fi
+}
+trap stop_test_db EXIT
+
+# The browser test must run here, not skip: fail if Chromium is unusable.
+export GPUSLICE_REQUIRE_BROWSER=1
+log=$(mktemp)
+status=0
+cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+rm -f "$log"
+exit "$status"

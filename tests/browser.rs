@@ -1,0 +1,227 @@
+//! A person in a real browser (headless Chromium through ChromeDriver):
+//! signs in as admin, edits a tenant's quota, and sees it saved. Screenshots
+//! land in `target/screenshots/` for people to look at.
+//!
+//! Without Chromium and ChromeDriver the test says loudly that it was
+//! skipped; with `GPUSLICE_REQUIRE_BROWSER=1` (set by scripts/test.sh, so in
+//! CI) it fails instead.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{TestApp, PASSWORD};
+use fantoccini::{ClientBuilder, Locator};
+
+fn find(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    names
+        .iter()
+        .flat_map(|n| std::env::split_paths(&path).map(move |d| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn browser() -> Option<(fantoccini::Client, Driver)> {
+    let (Some(chromium), Some(chromedriver)) = (
+        find(&["chromium", "chromium-browser", "google-chrome"]),
+        find(&["chromedriver"]),
+    ) else {
+        let why = "Chromium and ChromeDriver are not installed (Debian: apt-get install chromium chromium-driver)";
+        if std::env::var_os("GPUSLICE_REQUIRE_BROWSER").is_some() {
+            panic!("browser test required but {why}");
+        }
+        eprintln!("\n*** SKIPPED browser test: {why} ***\n");
+        return None;
+    };
+    let port = free_port();
+    let driver = Driver(
+        Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver"),
+    );
+    let profile =
+        std::env::temp_dir().join(format!("gpuslice-chromium-{}-{port}", std::process::id()));
+    let caps = serde_json::json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    });
+    let caps = caps.as_object().unwrap().clone();
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let url = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        let client = ClientBuilder::new(connector.clone())
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await;
+        match client {
+            Ok(c) => return Some((c, driver)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    panic!("ChromeDriver did not accept a session on port {port}");
+}
+
+async fn screenshot(c: &fantoccini::Client, name: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = c.screenshot().await.unwrap();
+    std::fs::write(dir.join(name), png).unwrap();
+}
+
+#[tokio::test]
+async fn admin_signs_in_and_edits_a_quota_in_a_browser() {
+    let app = TestApp::spawn().await;
+    let id = app.tenant("vision-lab").await;
+    app.user("pi@uni.edu", "none", &["vision-lab:manager"])
+        .await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    let Some((c, _driver)) = browser().await else {
+        return;
+    };
+
+    c.goto(&app.url("/")).await.unwrap();
+    // Not signed in: the browser lands on the sign-in form.
+    assert!(c.current_url().await.unwrap().path().starts_with("/login"));
+    screenshot(&c, "login.png").await;
+    c.find(Locator::Id("email"))
+        .await
+        .unwrap()
+        .send_keys("admin@uni.edu")
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::LinkText("Tenants"))
+        .await
+        .unwrap();
+
+    c.find(Locator::LinkText("Tenants"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::LinkText("Tenant vision-lab"))
+        .await
+        .unwrap();
+    screenshot(&c, "admin-tenants.png").await;
+    c.find(Locator::LinkText("Tenant vision-lab"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let field = c
+        .wait()
+        .for_element(Locator::Id("max_active_bookings"))
+        .await
+        .unwrap();
+    field.clear().await.unwrap();
+    field.send_keys("-3").await.unwrap();
+    c.find(Locator::Css("form[novalidate] button.primary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // A bad value re-renders the form with its message.
+    let msg = c
+        .wait()
+        .for_element(Locator::Css("#max_active_bookings-error"))
+        .await
+        .unwrap();
+    assert_eq!(msg.text().await.unwrap(), "may not be negative");
+    screenshot(&c, "admin-tenant-error.png").await;
+
+    let field = c.find(Locator::Id("max_active_bookings")).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys("7").await.unwrap();
+    c.find(Locator::Css("form[novalidate] button.primary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let flash = c.wait().for_element(Locator::Css(".flash")).await.unwrap();
+    assert!(flash.text().await.unwrap().contains("saved"));
+    let shown = c
+        .find(Locator::Id("max_active_bookings"))
+        .await
+        .unwrap()
+        .prop("value")
+        .await
+        .unwrap();
+    assert_eq!(shown.as_deref(), Some("7"));
+    screenshot(&c, "admin-tenant-saved.png").await;
+
+    let stored: i32 = sqlx::query_scalar("SELECT max_active_bookings FROM tenants WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 7);
+
+    // Sorting a table works in the browser (app.js): click "Slug" twice.
+    c.goto(&app.url("/admin/users")).await.unwrap();
+    let th = c
+        .wait()
+        .for_element(Locator::XPath("//th[text()='E-mail']"))
+        .await
+        .unwrap();
+    th.click().await.unwrap();
+    th.click().await.unwrap();
+    let first = c
+        .find(Locator::Css("tbody tr td a"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(first, "pi@uni.edu", "descending by e-mail");
+    screenshot(&c, "admin-users.png").await;
+
+    c.close().await.unwrap();
+}
