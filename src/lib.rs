@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod db;
 pub mod domain;
+pub mod gpu;
 pub mod web;
 
 pub use web::{router, AppState};

@@ -220,3 +220,60 @@ async fn demo_data_is_idempotent() {
             .unwrap();
     assert_eq!((tenants, users), (3, 5));
 }
+
+/// `serve` on the embedded cluster: SIGTERM finishes the server and stops
+/// the PostgreSQL it started.
+#[tokio::test]
+async fn serve_shuts_down_cleanly_on_sigterm() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("sigterm-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env_remove("DATABASE_URL")
+        .env("GPUSLICE_DATA_DIR", &dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let mut ready = false;
+    for _ in 0..300 {
+        if reqwest::get(&url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ready, "serve became ready on the embedded database");
+    assert!(dir.join("pg/postmaster.pid").exists());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        !dir.join("pg/postmaster.pid").exists(),
+        "the embedded PostgreSQL was stopped"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tower_sessions::cookie::SameSite;
 use tower_sessions::{Expiry, SessionManagerLayer};
 use tower_sessions_sqlx_store::PostgresStore;
@@ -168,14 +168,18 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), ops::track))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
-            let id = req
-                .headers()
-                .get("x-request-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
-            tracing::info_span!("http", method = %req.method(), path = %req.uri().path(), request_id = %id)
-        }))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    let id = req
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!("http", method = %req.method(), path = %req.uri().path(), request_id = %id)
+                })
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)
 }
