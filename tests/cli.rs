@@ -234,7 +234,7 @@ async fn serve_shuts_down_cleanly_on_sigterm() {
         .local_addr()
         .unwrap()
         .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let child = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
         .env_remove("DATABASE_URL")
         .env("GPUSLICE_DATA_DIR", &dir)
