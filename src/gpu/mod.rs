@@ -1,5 +1,10 @@
-//! GPUs: the catalog of models and MIG profiles, and the rules NVIDIA
-//! applies to GPU-instance placement.
+//! GPUs: the catalog of models and MIG profiles, NVIDIA's placement rules,
+//! the backend trait and the simulated backend.
 
+pub mod backend;
 pub mod catalog;
+pub mod fleet;
 pub mod mig;
+pub mod sim;
+
+pub use backend::{BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry};

@@ -1,0 +1,137 @@
+//! What the worker needs from GPUs, as one trait with two implementations:
+//! [`super::sim::SimBackend`] (a faithful model) and the NVML backend.
+//! Calls are blocking (NVML is); async callers use `spawn_blocking`.
+
+use std::time::Duration;
+
+use super::catalog::Placement;
+use super::mig::MigError;
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    /// Catalog model id (`H100-80GB`); `None` for a model gpuslice does not know.
+    pub model: Option<String>,
+    /// The driver's product name.
+    pub product: String,
+    pub memory_mib: u64,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+}
+
+impl GpuInfo {
+    /// The MIG mode changes at the next GPU reset.
+    pub fn mode_change_pending(&self) -> bool {
+        self.mig_current != self.mig_pending
+    }
+}
+
+/// A GPU instance with its compute instance, as the hardware has it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Instance {
+    pub gpu_uuid: String,
+    /// NVML's GPU-instance id on that GPU.
+    pub gi_id: u32,
+    pub profile_id: u32,
+    pub profile: String,
+    pub placement: Placement,
+    /// The compute instance, once created.
+    pub ci_id: Option<u32>,
+    /// `MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, once a compute instance exists.
+    pub device_uuid: Option<String>,
+}
+
+/// A process using a GPU or MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_memory_mib: u64,
+}
+
+/// A telemetry sample; fields the hardware does not give are `None`
+/// (utilisation on MIG devices before Hopper's GPM, power on some boards).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Telemetry {
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+    pub utilization_pct: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    #[error("{0}")]
+    Mig(#[from] MigError),
+    #[error("no GPU with uuid {0}")]
+    NoSuchGpu(String),
+    #[error("GPU {0} has no GPU instance {1}")]
+    NoSuchInstance(String, u32),
+    #[error("no MIG device with uuid {0}")]
+    NoSuchDevice(String),
+    #[error("GPU {0} is not in MIG mode")]
+    NotMig(String),
+    #[error("GPU {gpu} still has GPU instances; destroy them before changing the MIG mode")]
+    NotEmpty { gpu: String },
+    #[error("GPU {0} has fallen off the bus (lost)")]
+    GpuLost(String),
+    #[error("the driver refused: {0}")]
+    Driver(String),
+}
+
+/// The GPUs of one node.
+pub trait GpuBackend: Send + Sync {
+    /// `sim` or `nvml`.
+    fn kind(&self) -> &'static str;
+
+    /// The GPUs this backend manages.
+    fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError>;
+
+    /// GPU instances present on a GPU.
+    fn instances(&self, gpu_uuid: &str) -> Result<Vec<Instance>, BackendError>;
+
+    /// Creates a GPU instance of `profile_id` at `placement` and a compute
+    /// instance spanning it; returns it with its MIG device uuid.
+    fn create_instance(
+        &self,
+        gpu_uuid: &str,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<Instance, BackendError>;
+
+    /// Destroys a GPU instance. Processes on it are asked to end (SIGTERM),
+    /// killed after `grace`, and returned; then the compute instance and the
+    /// GPU instance are destroyed.
+    fn destroy_instance(
+        &self,
+        gpu_uuid: &str,
+        gi_id: u32,
+        grace: Duration,
+    ) -> Result<Vec<GpuProcess>, BackendError>;
+
+    /// Processes on a GPU (its uuid) or MIG device (its `MIG-` uuid).
+    fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError>;
+
+    /// A telemetry sample of a GPU.
+    fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError>;
+}
+
+/// Ends processes holding a device: SIGTERM, then SIGKILL after `grace`
+/// for those still alive. Used by both backends.
+pub fn end_processes(processes: &[GpuProcess], grace: Duration) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let alive = |p: &GpuProcess| kill(Pid::from_raw(p.pid as i32), None).is_ok();
+    for p in processes {
+        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline && processes.iter().any(alive) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in processes.iter().filter(|p| alive(p)) {
+        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGKILL);
+    }
+}
