@@ -71,6 +71,16 @@ pub struct ServeArgs {
     /// Trust X-Forwarded-For for the client address (behind a proxy only).
     #[arg(long, env = "GPUSLICE_TRUST_PROXY")]
     pub trust_proxy: bool,
+    /// GPU backend of the in-process worker: auto or sim (auto uses the
+    /// simulated fleet while the NVML backend is not built in).
+    #[arg(long, env = "GPUSLICE_BACKEND", default_value = "auto", value_parser = ["auto", "sim"])]
+    pub backend: String,
+    /// Fleet file for the simulated backend (TOML); unset: the demo fleet.
+    #[arg(long, env = "GPUSLICE_FLEET")]
+    pub fleet: Option<PathBuf>,
+    /// Serve the web application only, without the in-process worker.
+    #[arg(long)]
+    pub no_worker: bool,
     /// Minutes of inactivity after which a session ends.
     #[arg(long, env = "GPUSLICE_SESSION_IDLE_MINUTES", default_value_t = 120)]
     pub session_idle_minutes: i64,
@@ -157,12 +167,12 @@ pub fn init_tracing(json: bool) {
 /// Runs one command.
 pub async fn run(cli: Cli) -> Result<()> {
     let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
-    let result = run_with(&database, cli.command).await;
+    let result = run_with(&database, cli.command, &cli.data_dir).await;
     let closed = database.close().await;
     result.and(closed)
 }
 
-async fn run_with(database: &Database, command: Command) -> Result<()> {
+async fn run_with(database: &Database, command: Command, data_dir: &std::path::Path) -> Result<()> {
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
     match command {
@@ -170,11 +180,11 @@ async fn run_with(database: &Database, command: Command) -> Result<()> {
             println!("database is up to date");
             Ok(())
         }
-        Command::Serve(args) => serve(pool, &args).await,
+        Command::Serve(args) => serve(pool, &args, data_dir).await,
         Command::Demo(args) => {
             seed_demo(&pool).await?;
             print_demo(&args.bind);
-            serve(pool, &args).await
+            serve(pool, &args, data_dir).await
         }
         Command::Tenant(TenantCommand::Add(args)) => {
             let id = tenant_add(&pool, &args).await?;
@@ -201,7 +211,45 @@ async fn run_with(database: &Database, command: Command) -> Result<()> {
     }
 }
 
-async fn serve(pool: PgPool, args: &ServeArgs) -> Result<()> {
+/// Starts the in-process worker's inventory for every node of the
+/// simulated fleet; returns the tasks (they end with the process).
+fn start_sim_workers(
+    pool: &PgPool,
+    args: &ServeArgs,
+    data_dir: &std::path::Path,
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    use crate::gpu::{fleet::Fleet, sim::SimBackend, GpuBackend};
+    use std::sync::Arc;
+    let fleet = Fleet::load(args.fleet.as_deref()).map_err(|e| anyhow!(e))?;
+    let state_dir = data_dir.join("sim");
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("cannot create {}", state_dir.display()))?;
+    let mut tasks = Vec::new();
+    for node in &fleet.nodes {
+        let backend =
+            SimBackend::open(&fleet, &node.name, Some(&state_dir)).map_err(|e| anyhow!(e))?;
+        let backend: Arc<dyn GpuBackend> = Arc::new(backend);
+        // max_shares comes from the fleet file, by GPU uuid.
+        let shares: std::collections::HashMap<String, i32> = node
+            .gpus
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.max_shares as i32, g.count as usize))
+            .enumerate()
+            .map(|(i, s)| (crate::gpu::sim::gpu_uuid(&node.name, i as u32), s))
+            .collect();
+        let max_shares = Arc::new(move |uuid: &str| shares.get(uuid).copied().unwrap_or(4));
+        tasks.push(tokio::spawn(crate::worker::run_inventory(
+            pool.clone(),
+            node.name.clone(),
+            backend,
+            max_shares,
+        )));
+    }
+    tracing::info!(nodes = fleet.nodes.len(), backend = %args.backend, "in-process worker started for the simulated fleet");
+    Ok(tasks)
+}
+
+async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -> Result<()> {
     if args.session_idle_minutes < 1 || args.session_max_hours < 1 {
         bail!("session lifetimes must be at least one minute (idle) and one hour (absolute)");
     }
@@ -210,6 +258,11 @@ async fn serve(pool: PgPool, args: &ServeArgs) -> Result<()> {
         trust_proxy: args.trust_proxy,
         session_idle_secs: args.session_idle_minutes * 60,
         session_absolute_secs: args.session_max_hours * 3600,
+    };
+    let workers = if args.no_worker {
+        Vec::new()
+    } else {
+        start_sim_workers(&pool, args, data_dir)?
     };
     let state = AppState::new(pool, settings).await?;
     let listener = tokio::net::TcpListener::bind(&args.bind)
@@ -221,7 +274,11 @@ async fn serve(pool: PgPool, args: &ServeArgs) -> Result<()> {
             )
         })?;
     tracing::info!(addr = %listener.local_addr()?, "gpuslice is serving");
-    web::serve(listener, state, shutdown_signal()).await
+    let served = web::serve(listener, state, shutdown_signal()).await;
+    for w in workers {
+        w.abort();
+    }
+    served
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

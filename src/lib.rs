@@ -7,5 +7,6 @@ pub mod db;
 pub mod domain;
 pub mod gpu;
 pub mod web;
+pub mod worker;
 
 pub use web::{router, AppState};

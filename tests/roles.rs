@@ -99,6 +99,7 @@ async fn every_page_checks_role_and_tenant() {
         "/admin/users/new".into(),
         format!("/admin/users/{}", w.member_id),
         "/admin/audit".into(),
+        "/admin/fleet".into(),
         "/api/v1/me".into(),
         "/api/v1/tenants".into(),
         "/api/v1/openapi.json".into(),

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod embedded;
+pub mod fleet;
 pub mod tenants;
 pub mod throttle;
 pub mod tokens;

@@ -6,6 +6,7 @@ pub mod assets;
 pub mod auth;
 pub mod csrf;
 pub mod error;
+pub mod fleet;
 pub mod forms;
 pub mod home;
 pub mod ops;
@@ -152,6 +153,9 @@ pub fn router(state: AppState) -> Router {
             post(admin::remove_membership),
         )
         .route("/admin/audit", get(admin::audit))
+        .route("/admin/fleet", get(fleet::fleet))
+        .route("/admin/gpus/{id}/drain", post(fleet::drain))
+        .route("/admin/gpus/{id}/undrain", post(fleet::undrain))
         .route("/api/v1/me", get(api::me))
         .route("/api/v1/tenants", get(api::tenants))
         .route("/api/v1/openapi.json", get(api::openapi))

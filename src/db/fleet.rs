@@ -1,0 +1,140 @@
+//! Nodes and GPUs as the workers report them.
+
+use serde_json::Value;
+use sqlx::PgExecutor;
+use time::OffsetDateTime;
+
+/// A GPU as the fleet page shows it.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub id: i64,
+    pub node: String,
+    pub idx: i32,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: i64,
+    pub mode: String,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    pub max_shares: i32,
+    pub healthy: bool,
+    pub instances: Value,
+    pub last_seen: OffsetDateTime,
+    pub last_heartbeat: OffsetDateTime,
+}
+
+/// Registers (or refreshes) a node and returns its id.
+pub async fn heartbeat_node(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    backend: &str,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        "INSERT INTO nodes (name, backend) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET backend = EXCLUDED.backend, last_heartbeat = now()
+         RETURNING id",
+        name,
+        backend
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// What a worker saw of one GPU.
+pub struct SeenGpu<'a> {
+    pub idx: i32,
+    pub uuid: &'a str,
+    pub model: &'a str,
+    pub product: &'a str,
+    pub memory_mib: i64,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    /// Mode for a GPU seen for the first time (from the hardware or fleet file).
+    pub initial_mode: &'a str,
+    pub max_shares: i32,
+    pub instances: Value,
+}
+
+/// Records a GPU as seen now and healthy. An admin's mode choice
+/// (including drained) survives; the hardware facts are refreshed.
+pub async fn upsert_gpu(
+    db: impl PgExecutor<'_>,
+    node_id: i64,
+    g: &SeenGpu<'_>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO gpus (node_id, idx, uuid, model, product, memory_mib, mode, mig_current,
+                           mig_pending, max_shares, instances)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         ON CONFLICT (uuid) DO UPDATE SET
+             node_id = EXCLUDED.node_id, idx = EXCLUDED.idx, model = EXCLUDED.model,
+             product = EXCLUDED.product, memory_mib = EXCLUDED.memory_mib,
+             mig_current = EXCLUDED.mig_current, mig_pending = EXCLUDED.mig_pending,
+             instances = EXCLUDED.instances, healthy = TRUE, last_seen = now()",
+        node_id,
+        g.idx,
+        g.uuid,
+        g.model,
+        g.product,
+        g.memory_mib,
+        g.initial_mode,
+        g.mig_current,
+        g.mig_pending,
+        g.max_shares,
+        g.instances
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Marks GPUs not seen for `stale_secs` as unhealthy; returns how many
+/// changed.
+pub async fn mark_stale(db: impl PgExecutor<'_>, stale_secs: f64) -> sqlx::Result<u64> {
+    let r = sqlx::query!(
+        "UPDATE gpus SET healthy = FALSE
+         WHERE healthy AND last_seen < now() - make_interval(secs => $1)",
+        stale_secs
+    )
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Gpu>> {
+    sqlx::query_as!(
+        Gpu,
+        "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
+                g.mig_pending, g.max_shares, g.healthy, g.instances, g.last_seen, n.last_heartbeat
+         FROM gpus g JOIN nodes n ON n.id = g.node_id
+         ORDER BY n.name, g.idx"
+    )
+    .fetch_all(db)
+    .await
+}
+
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Gpu> {
+    sqlx::query_as!(
+        Gpu,
+        "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
+                g.mig_pending, g.max_shares, g.healthy, g.instances, g.last_seen, n.last_heartbeat
+         FROM gpus g JOIN nodes n ON n.id = g.node_id WHERE g.id = $1",
+        id
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Drains a GPU (no new bookings) or gives it back its hardware mode.
+pub async fn set_drained(db: impl PgExecutor<'_>, id: i64, drained: bool) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE gpus SET mode = CASE WHEN $2 THEN 'drained'
+                                     WHEN mig_current THEN 'mig' ELSE 'timeslice' END
+         WHERE id = $1",
+        id,
+        drained
+    )
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}

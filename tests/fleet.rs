@@ -1,0 +1,174 @@
+//! Inventory: workers register nodes and GPUs with a heartbeat; the admin
+//! fleet page draws each MIG GPU's memory slices.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TestApp;
+use gpuslice::gpu::catalog::Placement;
+use gpuslice::gpu::fleet::Fleet;
+use gpuslice::gpu::sim::SimBackend;
+use gpuslice::gpu::GpuBackend;
+use reqwest::StatusCode;
+
+async fn report(app: &TestApp, b: &Arc<SimBackend>) {
+    let backend: Arc<dyn GpuBackend> = b.clone();
+    gpuslice::worker::report_inventory(&app.pool, b.node(), backend, |_| 4)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn workers_register_gpus_and_the_fleet_page_draws_slices() {
+    let app = TestApp::spawn().await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    let fleet = Fleet::demo();
+    let n1 = Arc::new(SimBackend::open(&fleet, "gpu-node-1", None).unwrap());
+    let n2 = Arc::new(SimBackend::open(&fleet, "gpu-node-2", None).unwrap());
+    let h100 = n1.inventory().unwrap()[0].uuid.clone();
+    // A 1g at slice 2 and a 3g at slice 4: a fragmented H100.
+    n1.create_instance(&h100, 19, Placement { start: 2, size: 1 })
+        .unwrap();
+    n1.create_instance(&h100, 9, Placement { start: 4, size: 4 })
+        .unwrap();
+    report(&app, &n1).await;
+    report(&app, &n2).await;
+
+    let (gpus, nodes): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM gpus), (SELECT count(*) FROM nodes)")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!((gpus, nodes), (6, 2));
+    let modes: Vec<String> = sqlx::query_scalar("SELECT mode FROM gpus ORDER BY node_id, idx")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        modes,
+        ["mig", "mig", "mig", "timeslice", "timeslice", "mig"]
+    );
+
+    let admin = app.signed_in("admin@uni.edu").await;
+    let page = admin
+        .get(app.url("/admin/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("gpu-node-1") && page.contains("L40S-48GB"));
+    assert!(
+        page.contains("5 / 8 used"),
+        "1g + 3g use five of eight slices"
+    );
+    assert!(page.contains("3g.40gb at memory slices 4–7"));
+    assert!(page.contains("memory slice 0: free"));
+    assert!(page.contains("A30-24GB") && page.contains("0 / 4 used"));
+    // htmx gets the table alone.
+    let fragment = admin
+        .get(app.url("/admin/fleet"))
+        .header("hx-request", "true")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(fragment.starts_with("<section id=\"fleet\""));
+    assert!(!fragment.contains("<html"));
+}
+
+#[tokio::test]
+async fn drain_survives_heartbeats_and_unseen_gpus_turn_unhealthy() {
+    let app = TestApp::spawn().await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    app.user("sam@uni.edu", "none", &[]).await;
+    let fleet = Fleet::demo();
+    let n2 = Arc::new(SimBackend::open(&fleet, "gpu-node-2", None).unwrap());
+    report(&app, &n2).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM gpus WHERE idx = 0")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+
+    let sam = app.signed_in("sam@uni.edu").await;
+    assert_eq!(
+        sam.get(app.url("/admin/fleet"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let r = app
+        .post_form(&sam, "/", &format!("/admin/gpus/{id}/drain"), &[])
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    let admin = app.signed_in("admin@uni.edu").await;
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/fleet",
+            &format!("/admin/gpus/{id}/drain"),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    report(&app, &n2).await;
+    let mode: String = sqlx::query_scalar("SELECT mode FROM gpus WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        mode, "drained",
+        "a heartbeat does not undo the admin's drain"
+    );
+    app.post_form(
+        &admin,
+        "/admin/fleet",
+        &format!("/admin/gpus/{id}/undrain"),
+        &[],
+    )
+    .await;
+    let mode: String = sqlx::query_scalar("SELECT mode FROM gpus WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(mode, "timeslice");
+
+    // A GPU falls off the bus: it stops being reported and turns unhealthy.
+    let lost = n2.inventory().unwrap()[0].uuid.clone();
+    n2.set_lost(&lost, true);
+    sqlx::query("UPDATE gpus SET last_seen = now() - interval '1 minute'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    report(&app, &n2).await;
+    let health: Vec<(String, bool)> = sqlx::query_as("SELECT uuid, healthy FROM gpus ORDER BY idx")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    for (uuid, healthy) in health {
+        assert_eq!(healthy, uuid != lost, "{uuid}");
+    }
+    let page = admin
+        .get(app.url("/admin/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("unhealthy"));
+    let audit: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action LIKE 'gpu.%'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(audit, 2);
+}
