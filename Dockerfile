@@ -1,5 +1,5 @@
 # Build: docker build -t gpuslice .
-FROM rust:1.89-bookworm AS build
+FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 # .sqlx holds the query data, so no database is needed to build.

@@ -550,3 +550,26 @@ async fn api_errors_are_json() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn sessions_end_after_their_absolute_lifetime() {
+    // A lifetime of zero seconds: the session is over at its first use,
+    // however active it is.
+    let app = TestApp::spawn_with(gpuslice::web::WebSettings {
+        session_absolute_secs: 0,
+        ..Default::default()
+    })
+    .await;
+    app.user("ada@uni.edu", "none", &[]).await;
+    let c = app.client();
+    let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let r = c.get(app.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(r.headers()["location"].to_str().unwrap().starts_with("/login"));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_sessions.session")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "the expired session was deleted on the server");
+}
