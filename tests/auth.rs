@@ -566,7 +566,10 @@ async fn sessions_end_after_their_absolute_lifetime() {
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let r = c.get(app.url("/")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert!(r.headers()["location"].to_str().unwrap().starts_with("/login"));
+    assert!(r.headers()["location"]
+        .to_str()
+        .unwrap()
+        .starts_with("/login"));
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_sessions.session")
         .fetch_one(&app.pool)
         .await

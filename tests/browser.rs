@@ -225,15 +225,24 @@ async fn admin_signs_in_and_edits_a_quota_in_a_browser() {
 
     // The fleet page draws the memory slices of a fragmented H100.
     let fleet = gpuslice::gpu::fleet::Fleet::demo();
-    let node = std::sync::Arc::new(gpuslice::gpu::sim::SimBackend::open(&fleet, "gpu-node-1", None).unwrap());
-    let h100 = gpuslice::gpu::GpuBackend::inventory(&*node).unwrap()[0].uuid.clone();
+    let node = std::sync::Arc::new(
+        gpuslice::gpu::sim::SimBackend::open(&fleet, "gpu-node-1", None).unwrap(),
+    );
+    let h100 = gpuslice::gpu::GpuBackend::inventory(&*node).unwrap()[0]
+        .uuid
+        .clone();
     let at = |start, size| gpuslice::gpu::catalog::Placement { start, size };
     gpuslice::gpu::GpuBackend::create_instance(&*node, &h100, 19, at(2, 1)).unwrap();
     gpuslice::gpu::GpuBackend::create_instance(&*node, &h100, 9, at(4, 4)).unwrap();
     let backend: std::sync::Arc<dyn gpuslice::gpu::GpuBackend> = node.clone();
-    gpuslice::worker::report_inventory(&app.pool, "gpu-node-1", backend, |_| 4).await.unwrap();
+    gpuslice::worker::report_inventory(&app.pool, "gpu-node-1", backend, |_| 4)
+        .await
+        .unwrap();
     c.goto(&app.url("/admin/fleet")).await.unwrap();
-    c.wait().for_element(Locator::Css("svg.slots")).await.unwrap();
+    c.wait()
+        .for_element(Locator::Css("svg.slots"))
+        .await
+        .unwrap();
     screenshot(&c, "admin-fleet.png").await;
 
     c.close().await.unwrap();

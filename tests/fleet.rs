@@ -172,3 +172,106 @@ async fn drain_survives_heartbeats_and_unseen_gpus_turn_unhealthy() {
         .unwrap();
     assert_eq!(audit, 2);
 }
+
+#[tokio::test]
+async fn an_empty_gpu_switches_mode_through_its_worker() {
+    let app = TestApp::spawn().await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    let fleet = Fleet::demo();
+    let n1 = Arc::new(SimBackend::open(&fleet, "gpu-node-1", None).unwrap());
+    let n2 = Arc::new(SimBackend::open(&fleet, "gpu-node-2", None).unwrap());
+    let busy = n1.inventory().unwrap()[0].uuid.clone();
+    let empty = n1.inventory().unwrap()[1].uuid.clone();
+    n1.create_instance(&busy, 19, Placement { start: 0, size: 1 })
+        .unwrap();
+    report(&app, &n1).await;
+    report(&app, &n2).await;
+    let id = |uuid: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT id FROM gpus WHERE uuid = $1")
+                .bind(uuid)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let admin = app.signed_in("admin@uni.edu").await;
+
+    // A GPU with instances cannot switch.
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/fleet",
+            &format!("/admin/gpus/{}/mode", id(busy.clone()).await),
+            &[("mode", "timeslice")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(r.text().await.unwrap().contains("still has GPU instances"));
+    // An L40S has no MIG.
+    let l40s = n2.inventory().unwrap()[0].uuid.clone();
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/fleet",
+            &format!("/admin/gpus/{}/mode", id(l40s).await),
+            &[("mode", "mig")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let requests: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM gpus WHERE requested_mode IS NOT NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(requests, 0, "refusals changed nothing");
+
+    // The empty H100 switches at its worker's next report.
+    let empty_id = id(empty.clone()).await;
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/fleet",
+            &format!("/admin/gpus/{empty_id}/mode"),
+            &[("mode", "timeslice")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let page = admin
+        .get(app.url("/admin/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("switching to timeslice"));
+    report(&app, &n1).await;
+    let (mode, mig, requested): (String, bool, Option<String>) =
+        sqlx::query_as("SELECT mode, mig_current, requested_mode FROM gpus WHERE id = $1")
+            .bind(empty_id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!((mode.as_str(), mig, requested), ("timeslice", false, None));
+    assert!(
+        !n1.inventory().unwrap()[1].mig_current,
+        "the hardware switched"
+    );
+    // And back.
+    app.post_form(
+        &admin,
+        "/admin/fleet",
+        &format!("/admin/gpus/{empty_id}/mode"),
+        &[("mode", "mig")],
+    )
+    .await;
+    report(&app, &n1).await;
+    let mode: String = sqlx::query_scalar("SELECT mode FROM gpus WHERE id = $1")
+        .bind(empty_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(mode, "mig");
+}

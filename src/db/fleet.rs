@@ -19,6 +19,7 @@ pub struct Gpu {
     pub max_shares: i32,
     pub healthy: bool,
     pub instances: Value,
+    pub requested_mode: Option<String>,
     pub last_seen: OffsetDateTime,
     pub last_heartbeat: OffsetDateTime,
 }
@@ -70,7 +71,15 @@ pub async fn upsert_gpu(
              node_id = EXCLUDED.node_id, idx = EXCLUDED.idx, model = EXCLUDED.model,
              product = EXCLUDED.product, memory_mib = EXCLUDED.memory_mib,
              mig_current = EXCLUDED.mig_current, mig_pending = EXCLUDED.mig_pending,
-             instances = EXCLUDED.instances, healthy = TRUE, last_seen = now()",
+             instances = EXCLUDED.instances, healthy = TRUE, last_seen = now(),
+             -- A requested mode the hardware now has becomes the GPU's mode
+             -- (a drained GPU stays drained) and the request is done.
+             mode = CASE WHEN gpus.requested_mode IS NOT NULL
+                              AND EXCLUDED.mig_current = (gpus.requested_mode = 'mig')
+                              AND gpus.mode <> 'drained'
+                         THEN gpus.requested_mode ELSE gpus.mode END,
+             requested_mode = CASE WHEN EXCLUDED.mig_current = (gpus.requested_mode = 'mig')
+                                   THEN NULL ELSE gpus.requested_mode END",
         node_id,
         g.idx,
         g.uuid,
@@ -105,7 +114,8 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Gpu>> {
     sqlx::query_as!(
         Gpu,
         "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
-                g.mig_pending, g.max_shares, g.healthy, g.instances, g.last_seen, n.last_heartbeat
+                g.mig_pending, g.max_shares, g.healthy, g.instances, g.requested_mode, g.last_seen,
+                n.last_heartbeat
          FROM gpus g JOIN nodes n ON n.id = g.node_id
          ORDER BY n.name, g.idx"
     )
@@ -117,7 +127,8 @@ pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Gpu> {
     sqlx::query_as!(
         Gpu,
         "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
-                g.mig_pending, g.max_shares, g.healthy, g.instances, g.last_seen, n.last_heartbeat
+                g.mig_pending, g.max_shares, g.healthy, g.instances, g.requested_mode, g.last_seen,
+                n.last_heartbeat
          FROM gpus g JOIN nodes n ON n.id = g.node_id WHERE g.id = $1",
         id
     )
@@ -137,4 +148,34 @@ pub async fn set_drained(db: impl PgExecutor<'_>, id: i64, drained: bool) -> sql
     .execute(db)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Asks the GPU's worker to switch its MIG mode. Only for a GPU whose last
+/// report showed no GPU instances; false otherwise (nothing changes).
+pub async fn request_mode(db: impl PgExecutor<'_>, id: i64, mode: &str) -> sqlx::Result<bool> {
+    let r = sqlx::query!(
+        "UPDATE gpus SET requested_mode = $2
+         WHERE id = $1 AND jsonb_array_length(instances) = 0",
+        id,
+        mode
+    )
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Mode requests waiting for a node's worker: (GPU uuid, wants MIG).
+pub async fn pending_mode_requests(
+    db: impl PgExecutor<'_>,
+    node: &str,
+) -> sqlx::Result<Vec<(String, bool)>> {
+    let rows = sqlx::query!(
+        r#"SELECT g.uuid, g.requested_mode = 'mig' AS "wants_mig!"
+           FROM gpus g JOIN nodes n ON n.id = g.node_id
+           WHERE n.name = $1 AND g.requested_mode IS NOT NULL"#,
+        node
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.uuid, r.wants_mig)).collect())
 }

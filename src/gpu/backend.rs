@@ -116,6 +116,10 @@ pub trait GpuBackend: Send + Sync {
 
     /// A telemetry sample of a GPU.
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError>;
+
+    /// Switches an empty GPU's MIG mode on an admin's request. The change
+    /// may stay pending until the GPU is reset (`GpuInfo::mig_pending`).
+    fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError>;
 }
 
 /// Ends processes holding a device: SIGTERM, then SIGKILL after `grace`

@@ -416,6 +416,13 @@ impl GpuBackend for SimBackend {
         Err(BackendError::NoSuchDevice(device_uuid.to_string()))
     }
 
+    /// The simulated node resets an idle GPU right away, so the new mode
+    /// takes effect at once (a real node needs its operator's reset).
+    fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {
+        self.set_mig_mode(gpu_uuid, enabled)?;
+        self.reset(gpu_uuid)
+    }
+
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
         self.with_gpu(gpu_uuid, |g| {
             let model = catalog::model(&g.model);

@@ -169,6 +169,63 @@ async fn set_drained(
     Ok(Redirect::to("/admin/fleet").into_response())
 }
 
+#[derive(Debug, serde::Deserialize)]
+pub struct ModeForm {
+    #[serde(default)]
+    mode: String,
+}
+
+/// Asks the node to switch an empty GPU between MIG and time-slice mode.
+pub async fn switch_mode(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    axum::Form(form): axum::Form<ModeForm>,
+) -> Result<Response, AppError> {
+    user.require_admin()?;
+    let gpu = db::fleet::get(&state.pool, id).await?;
+    let mode = match form.mode.as_str() {
+        m @ ("mig" | "timeslice") => m,
+        other => {
+            return Err(AppError::BadRequest(format!(
+                "unknown mode \"{other}\": use mig or timeslice"
+            )))
+        }
+    };
+    if mode == "mig" && !catalog::model(&gpu.model).is_some_and(|m| m.mig_capable()) {
+        return Err(AppError::Conflict(format!(
+            "{} cannot run in MIG mode",
+            gpu.model
+        )));
+    }
+    let mut tx = state.pool.begin().await?;
+    if !db::fleet::request_mode(&mut *tx, id, mode).await? {
+        return Err(AppError::Conflict(format!(
+            "GPU {} of {} still has GPU instances; release them before switching its mode",
+            gpu.idx, gpu.node
+        )));
+    }
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "gpu.mode_requested",
+        &gpu.uuid,
+        json!({"mode": mode}),
+    )
+    .await?;
+    tx.commit().await?;
+    flash(
+        &session,
+        format!(
+            "GPU {} of {} switches to {mode} at its node's next report.",
+            gpu.idx, gpu.node
+        ),
+    )
+    .await?;
+    Ok(Redirect::to("/admin/fleet").into_response())
+}
+
 pub async fn drain(
     State(state): State<AppState>,
     session: Session,

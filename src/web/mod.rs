@@ -156,6 +156,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/fleet", get(fleet::fleet))
         .route("/admin/gpus/{id}/drain", post(fleet::drain))
         .route("/admin/gpus/{id}/undrain", post(fleet::undrain))
+        .route("/admin/gpus/{id}/mode", post(fleet::switch_mode))
         .route("/api/v1/me", get(api::me))
         .route("/api/v1/tenants", get(api::tenants))
         .route("/api/v1/openapi.json", get(api::openapi))

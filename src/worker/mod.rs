@@ -23,8 +23,17 @@ pub async fn report_inventory(
     backend: Arc<dyn GpuBackend>,
     max_shares: impl Fn(&str) -> i32,
 ) -> anyhow::Result<usize> {
+    let requests = db::fleet::pending_mode_requests(pool, node).await?;
     let b = backend.clone();
+    let node_name = node.to_string();
     let seen = tokio::task::spawn_blocking(move || {
+        for (uuid, wants_mig) in requests {
+            // Refusals (instances appeared, no MIG on this model) are logged;
+            // the request stays visible on the fleet page.
+            if let Err(e) = b.switch_mig_mode(&uuid, wants_mig) {
+                tracing::warn!(node = %node_name, gpu = %uuid, error = %e, "MIG mode switch refused");
+            }
+        }
         let inv = b.inventory()?;
         let mut out = Vec::new();
         for g in inv {
