@@ -49,6 +49,8 @@ pub enum Command {
     Migrate,
     /// Serve with demo tenants and users (prints how to sign in).
     Demo(ServeArgs),
+    /// Run the worker of one GPU node (inventory and heartbeat).
+    Worker(WorkerArgs),
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -71,13 +73,8 @@ pub struct ServeArgs {
     /// Trust X-Forwarded-For for the client address (behind a proxy only).
     #[arg(long, env = "GPUSLICE_TRUST_PROXY")]
     pub trust_proxy: bool,
-    /// GPU backend of the in-process worker: auto or sim (auto uses the
-    /// simulated fleet while the NVML backend is not built in).
-    #[arg(long, env = "GPUSLICE_BACKEND", default_value = "auto", value_parser = ["auto", "sim"])]
-    pub backend: String,
-    /// Fleet file for the simulated backend (TOML); unset: the demo fleet.
-    #[arg(long, env = "GPUSLICE_FLEET")]
-    pub fleet: Option<PathBuf>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Serve the web application only, without the in-process worker.
     #[arg(long)]
     pub no_worker: bool,
@@ -87,6 +84,42 @@ pub struct ServeArgs {
     /// Hours after sign-in after which a session ends regardless.
     #[arg(long, env = "GPUSLICE_SESSION_MAX_HOURS", default_value_t = 12)]
     pub session_max_hours: i64,
+}
+
+/// Where the GPUs come from: the settings of a worker.
+#[derive(Debug, Args, Clone)]
+pub struct GpuArgs {
+    /// GPU backend: auto (NVML when a driver is present, else the simulated
+    /// fleet), nvml or sim.
+    #[arg(long, env = "GPUSLICE_BACKEND", default_value = "auto", value_parser = ["auto", "nvml", "sim"])]
+    pub backend: String,
+    /// Fleet file for the simulated backend (TOML); unset: the demo fleet.
+    #[arg(long, env = "GPUSLICE_FLEET")]
+    pub fleet: Option<PathBuf>,
+    /// Path of libnvidia-ml for the NVML backend (default: the system's).
+    #[arg(long, env = "GPUSLICE_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+    /// GPUs the NVML backend manages: comma-separated uuids or indexes (default: all).
+    #[arg(long, env = "GPUSLICE_NVML_GPUS", value_delimiter = ',')]
+    pub nvml_gpus: Option<Vec<String>>,
+    /// Let the NVML backend change a GPU's MIG mode when an admin asks (off: it never does).
+    #[arg(long, env = "GPUSLICE_NVML_ALLOW_MODE_CHANGE")]
+    pub nvml_allow_mode_change: bool,
+    /// Name of this node for the NVML backend (default: the host name).
+    #[arg(long = "node-name", env = "GPUSLICE_NODE")]
+    pub node_name: Option<String>,
+    /// Time-sliced shares per GPU on NVML nodes (the fleet file sets it for sim).
+    #[arg(long, env = "GPUSLICE_MAX_SHARES", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
+    pub max_shares: i32,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The node this worker runs (a node of the fleet file for sim).
+    #[arg(long)]
+    pub node: String,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -181,6 +214,16 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
             Ok(())
         }
         Command::Serve(args) => serve(pool, &args, data_dir).await,
+        Command::Worker(args) => {
+            let mut gpu = args.gpu.clone();
+            gpu.node_name = Some(args.node.clone());
+            let tasks = start_workers(&pool, &gpu, data_dir, Some(&args.node))?;
+            shutdown_signal().await;
+            for t in tasks {
+                t.abort();
+            }
+            Ok(())
+        }
         Command::Demo(args) => {
             seed_demo(&pool).await?;
             print_demo(&args.bind);
@@ -211,21 +254,62 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     }
 }
 
-/// Starts the in-process worker's inventory for every node of the
-/// simulated fleet; returns the tasks (they end with the process).
-fn start_sim_workers(
+/// Starts the inventory of the GPUs this process drives: the local GPUs
+/// through NVML, or the nodes of the simulated fleet (only `only_node` when
+/// given). With `auto`, NVML is tried first and the simulation is the
+/// fallback. Returns the tasks (they end with the process).
+pub fn start_workers(
     pool: &PgPool,
-    args: &ServeArgs,
+    gpu: &GpuArgs,
     data_dir: &std::path::Path,
+    only_node: Option<&str>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>> {
-    use crate::gpu::{fleet::Fleet, sim::SimBackend, GpuBackend};
+    use crate::gpu::{fleet::Fleet, nvml::NvmlBackend, sim::SimBackend, GpuBackend};
     use std::sync::Arc;
-    let fleet = Fleet::load(args.fleet.as_deref()).map_err(|e| anyhow!(e))?;
+    if gpu.backend != "sim" {
+        match NvmlBackend::open(
+            gpu.nvml_lib.as_deref(),
+            gpu.nvml_gpus.clone(),
+            gpu.nvml_allow_mode_change,
+        ) {
+            Ok(b) => {
+                let node = match &gpu.node_name {
+                    Some(n) => n.clone(),
+                    None => nix::unistd::gethostname()
+                        .map(|h| h.to_string_lossy().to_string())
+                        .unwrap_or_else(|_| "localhost".into()),
+                };
+                let backend: Arc<dyn GpuBackend> = Arc::new(b);
+                let shares = gpu.max_shares;
+                tracing::info!(node = %node, "worker started on the NVML backend");
+                return Ok(vec![tokio::spawn(crate::worker::run_inventory(
+                    pool.clone(),
+                    node,
+                    backend,
+                    Arc::new(move |_: &str| shares),
+                ))]);
+            }
+            Err(e) if gpu.backend == "nvml" => bail!("{e}"),
+            Err(e) => {
+                tracing::info!(reason = %e, "no usable NVIDIA driver; using the simulated fleet")
+            }
+        }
+    }
+    let fleet = Fleet::load(gpu.fleet.as_deref()).map_err(|e| anyhow!(e))?;
+    if let Some(n) = only_node {
+        if fleet.node(n).is_none() {
+            bail!("--node: the fleet has no node named \"{n}\"");
+        }
+    }
     let state_dir = data_dir.join("sim");
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("cannot create {}", state_dir.display()))?;
     let mut tasks = Vec::new();
-    for node in &fleet.nodes {
+    for node in fleet
+        .nodes
+        .iter()
+        .filter(|n| only_node.is_none_or(|o| o == n.name))
+    {
         let backend =
             SimBackend::open(&fleet, &node.name, Some(&state_dir)).map_err(|e| anyhow!(e))?;
         let backend: Arc<dyn GpuBackend> = Arc::new(backend);
@@ -245,7 +329,10 @@ fn start_sim_workers(
             max_shares,
         )));
     }
-    tracing::info!(nodes = fleet.nodes.len(), backend = %args.backend, "in-process worker started for the simulated fleet");
+    tracing::info!(
+        nodes = tasks.len(),
+        "worker started for the simulated fleet"
+    );
     Ok(tasks)
 }
 
@@ -262,7 +349,7 @@ async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -> Re
     let workers = if args.no_worker {
         Vec::new()
     } else {
-        start_sim_workers(&pool, args, data_dir)?
+        start_workers(&pool, &args.gpu, data_dir, None)?
     };
     let state = AppState::new(pool, settings).await?;
     let listener = tokio::net::TcpListener::bind(&args.bind)

@@ -275,3 +275,80 @@ async fn an_empty_gpu_switches_mode_through_its_worker() {
         .unwrap();
     assert_eq!(mode, "mig");
 }
+
+/// `serve` with `GPUSLICE_BACKEND=nvml` on the stand-in library registers the
+/// same GPUs as `serve` on the simulated backend for the same fleet.
+#[tokio::test]
+async fn serve_on_the_nvml_standin_matches_serve_on_sim() {
+    let fleet = std::env::temp_dir().join(format!("gpuslice-fleet-{}.toml", std::process::id()));
+    std::fs::write(
+        &fleet,
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 2\n\
+         [[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\n",
+    )
+    .unwrap();
+    let lib = common::standin_copy();
+    let mut seen = Vec::new();
+    for backend in ["nvml", "sim"] {
+        let (pool, options, name) = common::fresh_db().await;
+        let data =
+            std::env::temp_dir().join(format!("gpuslice-serve-{backend}-{}", std::process::id()));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("DATABASE_URL", common::database_url(&options, &name))
+            .env("GPUSLICE_DATA_DIR", &data)
+            .env("GPUSLICE_BACKEND", backend)
+            .env("GPUSLICE_NVML_LIB", &lib)
+            .env("GPUSLICE_FLEET", &fleet)
+            .env("GPUSLICE_NVML_NODE", "n1")
+            .env("GPUSLICE_NODE", "n1")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        let mut rows: Vec<(String, String, i32, String, bool, i64)> = Vec::new();
+        for _ in 0..200 {
+            rows = sqlx::query_as(
+                "SELECT n.backend, g.uuid, g.idx, g.mode, g.mig_current, g.memory_mib
+                 FROM gpus g JOIN nodes n ON n.id = g.node_id ORDER BY g.idx",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            if rows.len() == 3 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success(), "serve on {backend} exited cleanly");
+        assert_eq!(
+            rows.len(),
+            3,
+            "serve on {backend} registered the fleet: {rows:?}"
+        );
+        assert!(rows.iter().all(|r| r.0 == backend));
+        seen.push(
+            rows.into_iter()
+                .map(|r| (r.1, r.2, r.3, r.4, r.5))
+                .collect::<Vec<_>>(),
+        );
+        let _ = std::fs::remove_dir_all(&data);
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "the same GPUs, uuids, modes and memory on both backends"
+    );
+}

@@ -1,13 +1,19 @@
 //! The GPU backend conformance suite. Every rule is written once against the
-//! `GpuBackend` trait; `sim` runs it here. (The NVML backend on the stand-in
-//! library will run the same functions: issue 3.)
+//! `GpuBackend` trait and runs against `sim` and against `nvml` on the
+//! project's stand-in `libnvidia-ml.so` (built here by the test). Answers are
+//! compared by their NVML return codes, which both backends give.
 
+mod common;
+
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use gpuslice::gpu::catalog::{self, Placement};
 use gpuslice::gpu::fleet::Fleet;
 use gpuslice::gpu::mig::MigError;
+use gpuslice::gpu::nvml::NvmlBackend;
 use gpuslice::gpu::sim::SimBackend;
 use gpuslice::gpu::{BackendError, GpuBackend, GpuInfo};
 
@@ -26,8 +32,33 @@ model = "L40S-48GB"
 mode = "timeslice"
 "#;
 
+const INVALID_ARGUMENT: u32 = 2;
+const NOT_SUPPORTED: u32 = 3;
+const NOT_FOUND: u32 = 6;
+const INSUFFICIENT_RESOURCES: u32 = 23;
+
 fn sim(dir: Option<&std::path::Path>) -> SimBackend {
     SimBackend::open(&Fleet::parse(FLEET).unwrap(), "n1", dir).unwrap()
+}
+
+/// The stand-in, pointed at FLEET (set once, before any copy is loaded).
+fn standin_copy() -> PathBuf {
+    static ENV: OnceLock<()> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let fleet = std::env::temp_dir().join(format!(
+            "gpuslice-conformance-fleet-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&fleet, FLEET).unwrap();
+        std::env::set_var("GPUSLICE_FLEET", &fleet);
+        std::env::set_var("GPUSLICE_NVML_NODE", "n1");
+    });
+    common::standin_copy()
+}
+
+fn nvml() -> (NvmlBackend, PathBuf) {
+    let lib = standin_copy();
+    (NvmlBackend::open(Some(&lib), None, false).unwrap(), lib)
 }
 
 fn gpu(b: &dyn GpuBackend, model: &str) -> GpuInfo {
@@ -38,8 +69,7 @@ fn gpu(b: &dyn GpuBackend, model: &str) -> GpuInfo {
         .unwrap()
 }
 
-fn pid(b: &dyn GpuBackend, model: &str, profile: &str) -> u32 {
-    let _ = b;
+fn pid(model: &str, profile: &str) -> u32 {
     catalog::model(model)
         .unwrap()
         .profile(profile)
@@ -49,6 +79,11 @@ fn pid(b: &dyn GpuBackend, model: &str, profile: &str) -> u32 {
 
 fn pl(start: u8, size: u8) -> Placement {
     Placement { start, size }
+}
+
+fn code(e: BackendError) -> u32 {
+    e.nvml_code()
+        .unwrap_or_else(|| panic!("no NVML code for {e}"))
 }
 
 fn is_uuid_form(s: &str, prefix: &str) -> bool {
@@ -71,22 +106,29 @@ fn inventory_reports_models_uuids_and_modes(b: &dyn GpuBackend) {
     let h100 = gpu(b, "H100-80GB");
     assert!(h100.mig_current && !h100.mode_change_pending());
     assert_eq!(h100.memory_mib, 80 * 1024);
-    let l40s = gpu(b, "L40S-48GB");
-    assert!(!l40s.mig_current);
+    assert_eq!(
+        inv.iter().map(|g| g.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    assert!(!gpu(b, "L40S-48GB").mig_current);
 }
 
 fn only_allowed_placements(b: &dyn GpuBackend) {
     let g = gpu(b, "H100-80GB").uuid;
-    let three_g = pid(b, "H100-80GB", "3g.40gb");
-    let e = b.create_instance(&g, three_g, pl(2, 4)).unwrap_err();
-    assert!(
-        matches!(e, BackendError::Mig(MigError::BadPlacement { .. })),
-        "{e}"
+    let three_g = pid("H100-80GB", "3g.40gb");
+    assert_eq!(
+        code(b.create_instance(&g, three_g, pl(2, 4)).unwrap_err()),
+        INVALID_ARGUMENT
     );
-    let e = b.create_instance(&g, three_g, pl(0, 2)).unwrap_err();
-    assert!(
-        matches!(e, BackendError::Mig(MigError::BadPlacement { .. })),
-        "wrong size: {e}"
+    assert_eq!(
+        code(b.create_instance(&g, three_g, pl(0, 2)).unwrap_err()),
+        INVALID_ARGUMENT,
+        "wrong size"
+    );
+    assert_eq!(
+        code(b.create_instance(&g, 99, pl(0, 1)).unwrap_err()),
+        NOT_SUPPORTED,
+        "unknown profile"
     );
     assert!(
         b.instances(&g).unwrap().is_empty(),
@@ -96,70 +138,89 @@ fn only_allowed_placements(b: &dyn GpuBackend) {
 
 fn overlap_is_insufficient_resources(b: &dyn GpuBackend) {
     let g = gpu(b, "H100-80GB").uuid;
-    let one_g = pid(b, "H100-80GB", "1g.10gb");
-    let four_g = pid(b, "H100-80GB", "4g.40gb");
-    let i = b.create_instance(&g, one_g, pl(2, 1)).unwrap();
-    let e = b.create_instance(&g, four_g, pl(0, 4)).unwrap_err();
-    match &e {
-        BackendError::Mig(m) => assert_eq!(m.nvml_code(), 23, "{e}"),
-        other => panic!("{other}"),
-    }
+    let i = b
+        .create_instance(&g, pid("H100-80GB", "1g.10gb"), pl(2, 1))
+        .unwrap();
+    let four_g = pid("H100-80GB", "4g.40gb");
+    assert_eq!(
+        code(b.create_instance(&g, four_g, pl(0, 4)).unwrap_err()),
+        INSUFFICIENT_RESOURCES
+    );
     b.destroy_instance(&g, i.gi_id, Duration::ZERO).unwrap();
     b.create_instance(&g, four_g, pl(0, 4)).unwrap();
+    assert_eq!(
+        code(
+            b.create_instance(&g, pid("H100-80GB", "7g.80gb"), pl(0, 8))
+                .unwrap_err()
+        ),
+        INSUFFICIENT_RESOURCES
+    );
 }
 
 fn max_counts_and_media_engines(b: &dyn GpuBackend) {
     let g = gpu(b, "H100-80GB").uuid;
-    let me = pid(b, "H100-80GB", "1g.10gb+me");
+    let me = pid("H100-80GB", "1g.10gb+me");
     b.create_instance(&g, me, pl(0, 1)).unwrap();
-    let e = b.create_instance(&g, me, pl(1, 1)).unwrap_err();
-    assert!(
-        matches!(e, BackendError::Mig(MigError::MaxCount { .. })),
-        "{e}"
+    assert_eq!(
+        code(b.create_instance(&g, me, pl(1, 1)).unwrap_err()),
+        INSUFFICIENT_RESOURCES
     );
-    let seven = pid(b, "H100-80GB", "1g.10gb");
+    let one_g = pid("H100-80GB", "1g.10gb");
     for s in 1..7 {
-        b.create_instance(&g, seven, pl(s, 1)).unwrap();
+        b.create_instance(&g, one_g, pl(s, 1)).unwrap();
     }
     assert_eq!(b.instances(&g).unwrap().len(), 7);
     let a30 = gpu(b, "A30-24GB").uuid;
-    b.create_instance(&a30, pid(b, "A30-24GB", "2g.12gb+me"), pl(0, 2))
+    b.create_instance(&a30, pid("A30-24GB", "2g.12gb+me"), pl(0, 2))
         .unwrap();
-    let e = b
-        .create_instance(&a30, pid(b, "A30-24GB", "1g.6gb+me"), pl(2, 1))
-        .unwrap_err();
-    assert!(
-        matches!(e, BackendError::Mig(MigError::MediaEnginesTaken { .. })),
-        "{e}"
+    assert_eq!(
+        code(
+            b.create_instance(&a30, pid("A30-24GB", "1g.6gb+me"), pl(2, 1))
+                .unwrap_err()
+        ),
+        INSUFFICIENT_RESOURCES
     );
 }
 
 fn created_instances_have_mig_uuids_and_placements(b: &dyn GpuBackend) {
     let g = gpu(b, "H100-80GB").uuid;
     let i = b
-        .create_instance(&g, pid(b, "H100-80GB", "3g.40gb"), pl(4, 4))
+        .create_instance(&g, pid("H100-80GB", "3g.40gb"), pl(4, 4))
         .unwrap();
     assert_eq!(i.profile, "3g.40gb");
+    assert_eq!(i.placement, pl(4, 4));
     assert!(i.ci_id.is_some());
     let dev = i.device_uuid.clone().unwrap();
     assert!(is_uuid_form(&dev, "MIG-"), "{dev}");
-    assert_eq!(b.instances(&g).unwrap(), vec![i]);
+    let j = b
+        .create_instance(&g, pid("H100-80GB", "2g.20gb"), pl(0, 2))
+        .unwrap();
+    assert_eq!(b.instances(&g).unwrap(), vec![j, i], "listed by placement");
     assert!(b.processes(&dev).unwrap().is_empty());
 }
 
-fn not_mig_mode_refuses_instances(b: &dyn GpuBackend) {
-    let g = gpu(b, "L40S-48GB").uuid;
-    let e = b.create_instance(&g, 19, pl(0, 1)).unwrap_err();
-    assert!(matches!(e, BackendError::NotMig(_)), "{e}");
-    assert!(matches!(
-        b.instances("GPU-nope").unwrap_err(),
-        BackendError::NoSuchGpu(_)
-    ));
-    assert!(matches!(
-        b.destroy_instance(&gpu(b, "H100-80GB").uuid, 999, Duration::ZERO)
-            .unwrap_err(),
-        BackendError::NoSuchInstance(..)
-    ));
+fn errors_for_what_is_not_there(b: &dyn GpuBackend) {
+    let l40s = gpu(b, "L40S-48GB").uuid;
+    assert_eq!(
+        code(b.create_instance(&l40s, 19, pl(0, 1)).unwrap_err()),
+        NOT_SUPPORTED,
+        "not in MIG mode"
+    );
+    assert_eq!(
+        code(
+            b.instances("GPU-00000000-0000-0000-0000-000000000000")
+                .unwrap_err()
+        ),
+        NOT_FOUND
+    );
+    let h100 = gpu(b, "H100-80GB").uuid;
+    assert_eq!(
+        code(b.destroy_instance(&h100, 99, Duration::ZERO).unwrap_err()),
+        NOT_FOUND
+    );
+    assert!(b
+        .processes("MIG-00000000-0000-0000-0000-000000000000")
+        .is_err());
 }
 
 fn telemetry_follows_the_hardware(b: &dyn GpuBackend) {
@@ -169,34 +230,26 @@ fn telemetry_follows_the_hardware(b: &dyn GpuBackend) {
         "no whole-GPU utilisation in MIG mode"
     );
     assert_eq!(mig.memory_total_mib, 80 * 1024);
+    assert!(mig.temperature_c.is_some() && mig.power_w.is_some());
     let shared = b.telemetry(&gpu(b, "L40S-48GB").uuid).unwrap();
     assert!(shared.utilization_pct.is_some());
 }
 
-#[test]
-fn sim_conforms() {
-    inventory_reports_models_uuids_and_modes(&sim(None));
-    only_allowed_placements(&sim(None));
-    overlap_is_insufficient_resources(&sim(None));
-    max_counts_and_media_engines(&sim(None));
-    created_instances_have_mig_uuids_and_placements(&sim(None));
-    not_mig_mode_refuses_instances(&sim(None));
-    telemetry_follows_the_hardware(&sim(None));
-}
-
-// --------------------------------------------- sim-only: state and faults
-
-#[test]
-fn destroy_ends_the_processes_holding_the_instance() {
-    let b = sim(None);
-    let g = gpu(&b, "H100-80GB").uuid;
+/// Destroy ends the processes holding the instance, then destroys it.
+fn destroy_ends_processes(b: &dyn GpuBackend, attach: &dyn Fn(&str, u32)) {
+    let g = gpu(b, "H100-80GB").uuid;
     let i = b.create_instance(&g, 19, pl(0, 1)).unwrap();
     let dev = i.device_uuid.clone().unwrap();
-    // A real process that ignores nothing: SIGTERM ends it.
     let mut child = Command::new("sleep").arg("60").spawn().unwrap();
-    b.attach_process(&dev, child.id(), 512).unwrap();
-    assert_eq!(b.processes(&dev).unwrap().len(), 1);
-    assert_eq!(b.telemetry(&g).unwrap().memory_used_mib, 512);
+    attach(&dev, child.id());
+    assert_eq!(
+        b.processes(&dev)
+            .unwrap()
+            .iter()
+            .map(|p| p.pid)
+            .collect::<Vec<_>>(),
+        [child.id()]
+    );
     let ended = b
         .destroy_instance(&g, i.gi_id, Duration::from_millis(200))
         .unwrap();
@@ -204,10 +257,129 @@ fn destroy_ends_the_processes_holding_the_instance() {
         ended.iter().map(|p| p.pid).collect::<Vec<_>>(),
         [child.id()]
     );
-    let status = child.wait().unwrap();
-    assert!(!status.success(), "the process was ended");
+    assert!(!child.wait().unwrap().success(), "the process was ended");
     assert!(b.instances(&g).unwrap().is_empty());
 }
+
+type Rule = fn(&dyn GpuBackend);
+const RULES: [(&str, Rule); 7] = [
+    ("inventory", inventory_reports_models_uuids_and_modes),
+    ("placements", only_allowed_placements),
+    ("overlap", overlap_is_insufficient_resources),
+    ("max counts and +me", max_counts_and_media_engines),
+    ("mig uuids", created_instances_have_mig_uuids_and_placements),
+    ("missing things", errors_for_what_is_not_there),
+    ("telemetry", telemetry_follows_the_hardware),
+];
+
+#[test]
+fn sim_conforms() {
+    for (name, rule) in RULES {
+        eprintln!("sim: {name}");
+        rule(&sim(None));
+    }
+    let b = Arc::new(sim(None));
+    let b2 = b.clone();
+    destroy_ends_processes(&*b, &move |dev, pid| {
+        b2.attach_process(dev, pid, 512).unwrap()
+    });
+}
+
+#[test]
+fn nvml_on_the_standin_conforms() {
+    for (name, rule) in RULES {
+        eprintln!("nvml: {name}");
+        let (b, _) = nvml();
+        rule(&b);
+    }
+    let (b, lib) = nvml();
+    let attach = move |dev: &str, pid: u32| {
+        // SAFETY: the test hook's C prototype is (const char*, uint, ulonglong) -> uint.
+        unsafe {
+            let l = libloading::Library::new(&lib).unwrap();
+            let f: libloading::Symbol<
+                unsafe extern "C" fn(*const std::ffi::c_char, u32, u64) -> u32,
+            > = l.get(b"gpusliceStandinAttachProcess").unwrap();
+            let c = std::ffi::CString::new(dev).unwrap();
+            assert_eq!(f(c.as_ptr(), pid, 512), 0);
+        }
+    };
+    destroy_ends_processes(&b, &attach);
+}
+
+// ------------------------------------------------- NVML backend specifics
+
+#[test]
+fn nvml_backend_without_a_library_says_so() {
+    let err = NvmlBackend::open(
+        Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1")),
+        None,
+        false,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("could not be loaded from /nonexistent/libnvidia-ml.so.1"),
+        "{err}"
+    );
+    assert!(err.contains("GPUSLICE_BACKEND=sim"), "{err}");
+}
+
+#[test]
+fn nvml_backend_manages_only_the_gpus_it_is_told_to() {
+    let lib = standin_copy();
+    let all = NvmlBackend::open(Some(&lib), None, false)
+        .unwrap()
+        .inventory()
+        .unwrap();
+    let lib = standin_copy();
+    let b = NvmlBackend::open(
+        Some(&lib),
+        Some(vec!["0".into(), all[3].uuid.clone()]),
+        false,
+    )
+    .unwrap();
+    let inv = b.inventory().unwrap();
+    assert_eq!(inv.iter().map(|g| g.index).collect::<Vec<_>>(), [0, 3]);
+    assert!(matches!(
+        b.instances(&all[1].uuid).unwrap_err(),
+        BackendError::NoSuchGpu(_)
+    ));
+    assert!(
+        b.create_instance(&all[1].uuid, 19, pl(0, 1)).is_err(),
+        "an unmanaged GPU is left alone"
+    );
+}
+
+#[test]
+fn nvml_backend_changes_mig_mode_only_when_allowed_and_reports_pending() {
+    let (b, _) = nvml();
+    let g = gpu(&b, "H100-80GB").uuid;
+    let e = b.switch_mig_mode(&g, false).unwrap_err();
+    assert!(
+        e.to_string().contains("GPUSLICE_NVML_ALLOW_MODE_CHANGE"),
+        "{e}"
+    );
+    assert!(gpu(&b, "H100-80GB").mig_current);
+
+    let lib = standin_copy();
+    let b = NvmlBackend::open(Some(&lib), None, true).unwrap();
+    let i = b.create_instance(&g, 19, pl(0, 1)).unwrap();
+    assert_eq!(
+        code(b.switch_mig_mode(&g, false).unwrap_err()),
+        19,
+        "IN_USE while instances exist"
+    );
+    b.destroy_instance(&g, i.gi_id, Duration::ZERO).unwrap();
+    b.switch_mig_mode(&g, false).unwrap();
+    let info = gpu(&b, "H100-80GB");
+    assert!(
+        info.mig_current && info.mode_change_pending(),
+        "pending until the GPU is reset"
+    );
+}
+
+// --------------------------------------------- sim-only: state and faults
 
 #[test]
 fn a_restart_finds_the_instances_it_left() {
@@ -225,6 +397,27 @@ fn a_restart_finds_the_instances_it_left() {
     assert!(b.create_instance(&g, 5, pl(0, 4)).is_ok());
     assert!(b.create_instance(&g, 9, pl(4, 4)).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sim_errors_name_the_rule() {
+    let b = sim(None);
+    let g = gpu(&b, "H100-80GB").uuid;
+    let e = b.create_instance(&g, 9, pl(2, 4)).unwrap_err();
+    assert!(
+        matches!(e, BackendError::Mig(MigError::BadPlacement { .. })),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "3g.40gb cannot be placed at slice 2 (size 4); allowed starts: [0, 4]"
+    );
+    b.create_instance(&g, 19, pl(4, 1)).unwrap();
+    let e = b.create_instance(&g, 9, pl(4, 4)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "3g.40gb at slices 4..8 overlaps an existing instance at 4..5"
+    );
 }
 
 #[test]

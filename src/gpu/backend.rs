@@ -77,8 +77,32 @@ pub enum BackendError {
     NotEmpty { gpu: String },
     #[error("GPU {0} has fallen off the bus (lost)")]
     GpuLost(String),
+    #[error("{call}: {message}")]
+    Nvml {
+        call: &'static str,
+        code: u32,
+        message: String,
+    },
     #[error("the driver refused: {0}")]
     Driver(String),
+}
+
+impl BackendError {
+    /// The NVML return code this error stands for, where there is one, so
+    /// that both backends can be held to the same answers.
+    pub fn nvml_code(&self) -> Option<u32> {
+        match self {
+            BackendError::Mig(m) => Some(m.nvml_code()),
+            BackendError::Nvml { code, .. } => Some(*code),
+            BackendError::NoSuchGpu(_)
+            | BackendError::NoSuchInstance(..)
+            | BackendError::NoSuchDevice(_) => Some(6),
+            BackendError::NotMig(_) => Some(3),
+            BackendError::NotEmpty { .. } => Some(19),
+            BackendError::GpuLost(_) => Some(15),
+            BackendError::Driver(_) => None,
+        }
+    }
 }
 
 /// The GPUs of one node.
@@ -89,7 +113,7 @@ pub trait GpuBackend: Send + Sync {
     /// The GPUs this backend manages.
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError>;
 
-    /// GPU instances present on a GPU.
+    /// GPU instances present on a GPU, by placement.
     fn instances(&self, gpu_uuid: &str) -> Result<Vec<Instance>, BackendError>;
 
     /// Creates a GPU instance of `profile_id` at `placement` and a compute

@@ -75,6 +75,9 @@ pub struct Model {
     pub profiles: Vec<Profile>,
     /// Upper-case fragments of NVML product names that mean this family.
     family: &'static str,
+    /// A product name the driver reports for this model (the stand-in
+    /// `libnvidia-ml` uses it).
+    pub product: &'static str,
 }
 
 impl Model {
@@ -147,6 +150,7 @@ fn mig8(
     gib: Option<[f64; 7]>,
 ) -> Model {
     Model {
+        product: product_of(id),
         id,
         memory_gib,
         memory_slices: 8,
@@ -156,8 +160,30 @@ fn mig8(
     }
 }
 
+/// The driver's product name for a catalog id, as `nvidia-smi` prints it.
+fn product_of(id: &str) -> &'static str {
+    match id {
+        "A30-24GB" => "NVIDIA A30",
+        "A100-40GB" => "NVIDIA A100-SXM4-40GB",
+        "A100-80GB" => "NVIDIA A100-SXM4-80GB",
+        "H100-80GB" => "NVIDIA H100 80GB HBM3",
+        "H100-94GB" => "NVIDIA H100 NVL",
+        "H100-96GB" => "NVIDIA H100 96GB HBM3",
+        "H200-141GB" => "NVIDIA H200",
+        "GH200-96GB" => "NVIDIA GH200 480GB",
+        "GH200-144GB" => "NVIDIA GH200 144G HBM3e",
+        "B200-180GB" => "NVIDIA B200",
+        "L40S-48GB" => "NVIDIA L40S",
+        "L4-24GB" => "NVIDIA L4",
+        "A10-24GB" => "NVIDIA A10",
+        "T4-16GB" => "Tesla T4",
+        _ => "NVIDIA GPU",
+    }
+}
+
 fn plain(id: &'static str, family: &'static str, memory_gib: f64) -> Model {
     Model {
+        product: product_of(id),
         id,
         memory_gib,
         memory_slices: 0,
@@ -192,6 +218,7 @@ fn a30() -> Model {
             p("4g.24gb", 0, 3, 4, 1, &[0], false),
         ],
         family: "A30",
+        product: product_of("A30-24GB"),
     }
 }
 
@@ -513,6 +540,15 @@ mod tests {
         assert_eq!(id("Tesla T4", 15.0), Some("T4-16GB"));
         assert_eq!(id("NVIDIA B200", 179.0), Some("B200-180GB"));
         assert_eq!(id("NVIDIA GeForce RTX 4090", 24.0), None);
+        // Every model's own product name maps back to it.
+        for m in models() {
+            assert_eq!(
+                id(m.product, m.memory_gib - 0.5),
+                Some(m.id),
+                "{}",
+                m.product
+            );
+        }
     }
 
     /// Reads mig.md itself when the shared folder is beside the checkout

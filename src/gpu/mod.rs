@@ -5,6 +5,7 @@ pub mod backend;
 pub mod catalog;
 pub mod fleet;
 pub mod mig;
+pub mod nvml;
 pub mod sim;
 
 pub use backend::{BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry};

@@ -317,7 +317,9 @@ impl GpuBackend for SimBackend {
 
     fn instances(&self, gpu_uuid: &str) -> Result<Vec<Instance>, BackendError> {
         self.with_gpu(gpu_uuid, |g| {
-            Ok(g.instances.iter().map(|i| to_instance(g, i)).collect())
+            let mut list: Vec<Instance> = g.instances.iter().map(|i| to_instance(g, i)).collect();
+            list.sort_by_key(|i| i.placement.start);
+            Ok(list)
         })
     }
 

@@ -272,3 +272,28 @@ pub fn extract_csrf(body: &str) -> Option<String> {
     let end = body[start..].find('"')? + start;
     Some(body[start..end].to_string())
 }
+
+/// Builds the stand-in `libnvidia-ml.so` (once per test binary) and returns
+/// a private copy of it: each copy loads separately, so it starts from clean
+/// "hardware".
+pub fn standin_copy() -> std::path::PathBuf {
+    static LIB: OnceLock<std::path::PathBuf> = OnceLock::new();
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let lib = LIB.get_or_init(|| {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "nvml-standin"])
+            .current_dir(&root)
+            .status()
+            .expect("run cargo to build the stand-in libnvidia-ml");
+        assert!(status.success(), "the stand-in libnvidia-ml did not build");
+        root.join("target/debug/libnvidia_ml.so")
+    });
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let copy = std::env::temp_dir().join(format!(
+        "gpuslice-libnvidia-ml-{}-{n}.so",
+        std::process::id()
+    ));
+    std::fs::copy(lib, &copy).unwrap();
+    copy
+}

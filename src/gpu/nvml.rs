@@ -1,0 +1,532 @@
+//! The NVML backend: real GPUs through nvml-wrapper 0.13.
+//!
+//! Safe wrapper calls where the crate has them (inventory, MIG mode, memory,
+//! processes, telemetry). GPU- and compute-instance create, destroy, list and
+//! info are not wrapped: they go through the raw symbols of `nvml.lib()`,
+//! whose fields are `Result<fn, _>` (a missing symbol is an error here, never
+//! a panic). `possible_placements()` is not used (0.13 returns an empty
+//! list); placements come from the catalog and NVML enforces them.
+//!
+//! It manages only the GPUs it is told to, and changes a MIG mode only when
+//! the admin setting allows it.
+
+use std::ffi::{c_char, c_uint, CStr};
+use std::path::Path;
+use std::ptr;
+use std::time::Duration;
+
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings as sys;
+
+use super::backend::{
+    end_processes, BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry,
+};
+use super::catalog::{self, Model, Placement};
+
+const SUCCESS: u32 = 0;
+const NOT_FOUND: u32 = 6;
+const NOT_SUPPORTED: u32 = 3;
+
+/// The GPUs of this node as NVML sees them.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    /// GPU uuids or indexes to manage; `None`: all.
+    managed: Option<Vec<String>>,
+    allow_mode_change: bool,
+}
+
+/// The compute-instance profile enum that spans a GPU instance of `slices`
+/// (`NVML_COMPUTE_INSTANCE_PROFILE_*_SLICE`).
+fn ci_profile_enum(slices: u8) -> u32 {
+    match slices {
+        1 => 0,
+        2 => 1,
+        3 => 2,
+        4 => 3,
+        7 => 4,
+        8 => 5,
+        _ => 6,
+    }
+}
+
+impl NvmlBackend {
+    /// Loads NVML from `lib` (or the system's `libnvidia-ml.so.1`).
+    pub fn open(
+        lib: Option<&Path>,
+        managed: Option<Vec<String>>,
+        allow_mode_change: bool,
+    ) -> Result<NvmlBackend, String> {
+        let nvml = match lib {
+            Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+            None => Nvml::init(),
+        };
+        let nvml = nvml.map_err(|e| match e {
+            NvmlError::LibloadingError(_) => format!(
+                "the NVIDIA management library could not be loaded{}: install the NVIDIA driver, set GPUSLICE_NVML_LIB, or use GPUSLICE_BACKEND=sim",
+                lib.map(|p| format!(" from {}", p.display())).unwrap_or_default()
+            ),
+            other => format!("NVML did not initialise: {other}"),
+        })?;
+        Ok(NvmlBackend {
+            nvml,
+            managed,
+            allow_mode_change,
+        })
+    }
+
+    fn raw<'a, F>(
+        &self,
+        name: &'static str,
+        f: &'a Result<F, libloading::Error>,
+    ) -> Result<&'a F, BackendError> {
+        f.as_ref()
+            .map_err(|_| BackendError::Driver(format!("{name} is missing from the NVML library")))
+    }
+
+    fn check(&self, call: &'static str, ret: u32) -> Result<(), BackendError> {
+        if ret == SUCCESS {
+            return Ok(());
+        }
+        let message = match self.nvml.lib().nvmlErrorString.as_ref() {
+            // SAFETY: nvmlErrorString returns a static NUL-terminated string.
+            Ok(f) => unsafe { CStr::from_ptr(f(ret)) }
+                .to_string_lossy()
+                .to_string(),
+            Err(_) => format!("error {ret}"),
+        };
+        Err(BackendError::Nvml {
+            call,
+            code: ret,
+            message,
+        })
+    }
+
+    fn device(&self, uuid: &str) -> Result<Device<'_>, BackendError> {
+        self.nvml.device_by_uuid(uuid).map_err(|e| match e {
+            NvmlError::NotFound | NvmlError::InvalidArg => {
+                BackendError::NoSuchGpu(uuid.to_string())
+            }
+            NvmlError::GpuLost => BackendError::GpuLost(uuid.to_string()),
+            other => BackendError::Driver(other.to_string()),
+        })
+    }
+
+    fn info(&self, index: u32, d: &Device<'_>) -> Result<GpuInfo, BackendError> {
+        let drv = |e: NvmlError| BackendError::Driver(e.to_string());
+        let product = d.name().map_err(drv)?;
+        let uuid = d.uuid().map_err(drv)?;
+        let memory_mib = d.memory_info().map_err(drv)?.total / (1024 * 1024);
+        let (mig_current, mig_pending) = match d.mig_mode() {
+            Ok(m) => (m.current == 1, m.pending == 1),
+            Err(NvmlError::NotSupported) => (false, false),
+            Err(e) => return Err(drv(e)),
+        };
+        let model = catalog::model_for_product(&product, memory_mib as f64 / 1024.0)
+            .map(|m| m.id.to_string());
+        Ok(GpuInfo {
+            index,
+            uuid,
+            model,
+            product,
+            memory_mib,
+            mig_current,
+            mig_pending,
+        })
+    }
+
+    fn model_of(&self, d: &Device<'_>) -> Result<&'static Model, BackendError> {
+        let product = d.name().map_err(|e| BackendError::Driver(e.to_string()))?;
+        let mib = d
+            .memory_info()
+            .map_err(|e| BackendError::Driver(e.to_string()))?
+            .total
+            / (1024 * 1024);
+        catalog::model_for_product(&product, mib as f64 / 1024.0).ok_or_else(|| {
+            BackendError::Driver(format!("{product} is not in the gpuslice catalog"))
+        })
+    }
+
+    fn managed(&self, g: &GpuInfo) -> bool {
+        self.managed
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| *x == g.uuid || *x == g.index.to_string()))
+    }
+
+    /// Refuses GPUs this node was not told to manage.
+    fn check_managed(&self, uuid: &str) -> Result<(), BackendError> {
+        if self.managed.is_some() && !self.inventory()?.iter().any(|g| g.uuid == uuid) {
+            return Err(BackendError::NoSuchGpu(uuid.to_string()));
+        }
+        Ok(())
+    }
+
+    /// (gi id, ci id) -> MIG device uuid, over the GPU's MIG devices.
+    fn mig_uuids(&self, dev: sys::nvmlDevice_t) -> Result<Vec<(u32, u32, String)>, BackendError> {
+        let lib = self.nvml.lib();
+        let max_count = self.raw(
+            "nvmlDeviceGetMaxMigDeviceCount",
+            &lib.nvmlDeviceGetMaxMigDeviceCount,
+        )?;
+        let by_index = self.raw(
+            "nvmlDeviceGetMigDeviceHandleByIndex",
+            &lib.nvmlDeviceGetMigDeviceHandleByIndex,
+        )?;
+        let gi_id = self.raw(
+            "nvmlDeviceGetGpuInstanceId",
+            &lib.nvmlDeviceGetGpuInstanceId,
+        )?;
+        let ci_id = self.raw(
+            "nvmlDeviceGetComputeInstanceId",
+            &lib.nvmlDeviceGetComputeInstanceId,
+        )?;
+        let get_uuid = self.raw("nvmlDeviceGetUUID", &lib.nvmlDeviceGetUUID)?;
+        let mut out = Vec::new();
+        // SAFETY: every pointer passed points at a live local of the type
+        // the NVML prototype names; buffers carry their true length.
+        unsafe {
+            let mut max: c_uint = 0;
+            self.check("nvmlDeviceGetMaxMigDeviceCount", max_count(dev, &mut max))?;
+            for i in 0..max {
+                let mut mig: sys::nvmlDevice_t = ptr::null_mut();
+                let r = by_index(dev, i, &mut mig);
+                if r == NOT_FOUND {
+                    continue;
+                }
+                self.check("nvmlDeviceGetMigDeviceHandleByIndex", r)?;
+                let (mut g, mut c) = (0, 0);
+                self.check("nvmlDeviceGetGpuInstanceId", gi_id(mig, &mut g))?;
+                self.check("nvmlDeviceGetComputeInstanceId", ci_id(mig, &mut c))?;
+                let mut buf = [0 as c_char; 96];
+                self.check(
+                    "nvmlDeviceGetUUID",
+                    get_uuid(mig, buf.as_mut_ptr(), buf.len() as c_uint),
+                )?;
+                out.push((
+                    g,
+                    c,
+                    CStr::from_ptr(buf.as_ptr()).to_string_lossy().to_string(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The compute instances of a GPU instance with its full-size profile.
+    fn compute_instances(
+        &self,
+        gi: sys::nvmlGpuInstance_t,
+        slices: u8,
+    ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32)>, BackendError> {
+        let lib = self.nvml.lib();
+        let profile_info = self.raw(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+        )?;
+        let list = self.raw(
+            "nvmlGpuInstanceGetComputeInstances",
+            &lib.nvmlGpuInstanceGetComputeInstances,
+        )?;
+        let info = self.raw(
+            "nvmlComputeInstanceGetInfo_v2",
+            &lib.nvmlComputeInstanceGetInfo_v2,
+        )?;
+        // SAFETY: as in `mig_uuids`.
+        unsafe {
+            let mut p: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+            self.check(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                profile_info(
+                    gi,
+                    ci_profile_enum(slices),
+                    sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                    &mut p,
+                ),
+            )?;
+            let mut cis: [sys::nvmlComputeInstance_t; 8] = [ptr::null_mut(); 8];
+            let mut count: c_uint = cis.len() as c_uint;
+            self.check(
+                "nvmlGpuInstanceGetComputeInstances",
+                list(gi, p.id, cis.as_mut_ptr(), &mut count),
+            )?;
+            let mut out = Vec::new();
+            for ci in &cis[..count as usize] {
+                let mut i: sys::nvmlComputeInstanceInfo_t = std::mem::zeroed();
+                self.check("nvmlComputeInstanceGetInfo_v2", info(*ci, &mut i))?;
+                out.push((*ci, i.id));
+            }
+            Ok(out)
+        }
+    }
+
+    fn list_instances(
+        &self,
+        uuid: &str,
+    ) -> Result<Vec<(sys::nvmlGpuInstance_t, Instance)>, BackendError> {
+        let d = self.device(uuid)?;
+        let model = self.model_of(&d)?;
+        let lib = self.nvml.lib();
+        let list = self.raw("nvmlDeviceGetGpuInstances", &lib.nvmlDeviceGetGpuInstances)?;
+        let get_info = self.raw("nvmlGpuInstanceGetInfo", &lib.nvmlGpuInstanceGetInfo)?;
+        // SAFETY: `handle` is the raw handle of a device of this Nvml.
+        let dev = unsafe { d.handle() };
+        let uuids = self.mig_uuids(dev)?;
+        let mut out = Vec::new();
+        for p in &model.profiles {
+            // SAFETY: as in `mig_uuids`.
+            unsafe {
+                let mut gis: [sys::nvmlGpuInstance_t; 8] = [ptr::null_mut(); 8];
+                let mut count: c_uint = gis.len() as c_uint;
+                let r = list(dev, p.nvml_id, gis.as_mut_ptr(), &mut count);
+                if r == NOT_SUPPORTED {
+                    continue;
+                }
+                self.check("nvmlDeviceGetGpuInstances", r)?;
+                for gi in &gis[..count as usize] {
+                    let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
+                    self.check("nvmlGpuInstanceGetInfo", get_info(*gi, &mut info))?;
+                    let ci = self
+                        .compute_instances(*gi, p.compute_slices)?
+                        .first()
+                        .map(|c| c.1);
+                    let device_uuid = ci.and_then(|c| {
+                        uuids
+                            .iter()
+                            .find(|(g, cc, _)| *g == info.id && *cc == c)
+                            .map(|x| x.2.clone())
+                    });
+                    out.push((
+                        *gi,
+                        Instance {
+                            gpu_uuid: uuid.to_string(),
+                            gi_id: info.id,
+                            profile_id: info.profileId,
+                            profile: p.name.clone(),
+                            placement: Placement {
+                                start: info.placement.start as u8,
+                                size: info.placement.size as u8,
+                            },
+                            ci_id: ci,
+                            device_uuid,
+                        },
+                    ));
+                }
+            }
+        }
+        out.sort_by_key(|(_, i)| i.placement.start);
+        Ok(out)
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn kind(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        let mut out = Vec::new();
+        for i in 0..count {
+            let d = match self.nvml.device_by_index(i) {
+                Ok(d) => d,
+                // A GPU that fell off the bus is left out, like in the sim.
+                Err(NvmlError::GpuLost) => continue,
+                Err(e) => return Err(BackendError::Driver(e.to_string())),
+            };
+            let info = self.info(i, &d)?;
+            if self.managed(&info) {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    fn instances(&self, gpu_uuid: &str) -> Result<Vec<Instance>, BackendError> {
+        self.check_managed(gpu_uuid)?;
+        Ok(self
+            .list_instances(gpu_uuid)?
+            .into_iter()
+            .map(|(_, i)| i)
+            .collect())
+    }
+
+    fn create_instance(
+        &self,
+        gpu_uuid: &str,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<Instance, BackendError> {
+        self.check_managed(gpu_uuid)?;
+        let d = self.device(gpu_uuid)?;
+        if !d.mig_mode().is_ok_and(|m| m.current == 1) {
+            return Err(BackendError::NotMig(gpu_uuid.to_string()));
+        }
+        let model = self.model_of(&d)?;
+        let lib = self.nvml.lib();
+        let create_gi = self.raw(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            &lib.nvmlDeviceCreateGpuInstanceWithPlacement,
+        )?;
+        let destroy_gi = self.raw("nvmlGpuInstanceDestroy", &lib.nvmlGpuInstanceDestroy)?;
+        let ci_info = self.raw(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+        )?;
+        let create_ci = self.raw(
+            "nvmlGpuInstanceCreateComputeInstance",
+            &lib.nvmlGpuInstanceCreateComputeInstance,
+        )?;
+        let slices = model
+            .profile_by_id(profile_id)
+            .map(|p| p.compute_slices)
+            .unwrap_or(1);
+        // SAFETY: as in `mig_uuids`.
+        let gi_id = unsafe {
+            let dev = d.handle();
+            let pl = sys::nvmlGpuInstancePlacement_t {
+                start: u32::from(placement.start),
+                size: u32::from(placement.size),
+            };
+            let mut gi: sys::nvmlGpuInstance_t = ptr::null_mut();
+            self.check(
+                "nvmlDeviceCreateGpuInstanceWithPlacement",
+                create_gi(dev, profile_id, &pl, &mut gi),
+            )?;
+            let mut p: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+            let mut ci: sys::nvmlComputeInstance_t = ptr::null_mut();
+            let made = self
+                .check(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    ci_info(
+                        gi,
+                        ci_profile_enum(slices),
+                        sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                        &mut p,
+                    ),
+                )
+                .and_then(|_| {
+                    self.check(
+                        "nvmlGpuInstanceCreateComputeInstance",
+                        create_ci(gi, p.id, &mut ci),
+                    )
+                });
+            if let Err(e) = made {
+                // No half-made instance is left behind.
+                let _ = destroy_gi(gi);
+                return Err(e);
+            }
+            let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
+            let get_info = self.raw("nvmlGpuInstanceGetInfo", &lib.nvmlGpuInstanceGetInfo)?;
+            self.check("nvmlGpuInstanceGetInfo", get_info(gi, &mut info))?;
+            info.id
+        };
+        self.list_instances(gpu_uuid)?
+            .into_iter()
+            .map(|(_, i)| i)
+            .find(|i| i.gi_id == gi_id)
+            .ok_or_else(|| BackendError::Driver("the new GPU instance is not listed".into()))
+    }
+
+    fn destroy_instance(
+        &self,
+        gpu_uuid: &str,
+        gi_id: u32,
+        grace: Duration,
+    ) -> Result<Vec<GpuProcess>, BackendError> {
+        self.check_managed(gpu_uuid)?;
+        let found = self
+            .list_instances(gpu_uuid)?
+            .into_iter()
+            .find(|(_, i)| i.gi_id == gi_id)
+            .ok_or_else(|| BackendError::NoSuchInstance(gpu_uuid.to_string(), gi_id))?;
+        let (gi, inst) = found;
+        let holders = match &inst.device_uuid {
+            Some(u) => self.processes(u)?,
+            None => Vec::new(),
+        };
+        if !holders.is_empty() {
+            end_processes(&holders, grace);
+        }
+        let slices = catalog::models()
+            .iter()
+            .find_map(|m| m.profile(&inst.profile))
+            .map(|p| p.compute_slices)
+            .unwrap_or(1);
+        let lib = self.nvml.lib();
+        let destroy_ci = self.raw(
+            "nvmlComputeInstanceDestroy",
+            &lib.nvmlComputeInstanceDestroy,
+        )?;
+        let destroy_gi = self.raw("nvmlGpuInstanceDestroy", &lib.nvmlGpuInstanceDestroy)?;
+        for (ci, _) in self.compute_instances(gi, slices)? {
+            // SAFETY: `ci` came from NVML for this GPU instance.
+            self.check("nvmlComputeInstanceDestroy", unsafe { destroy_ci(ci) })?;
+        }
+        // SAFETY: `gi` came from NVML for this GPU.
+        self.check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })?;
+        Ok(holders)
+    }
+
+    fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {
+        let d = self
+            .nvml
+            .device_by_uuid(device_uuid)
+            .map_err(|_| BackendError::NoSuchDevice(device_uuid.to_string()))?;
+        let procs = d
+            .running_compute_processes()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        Ok(procs
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_memory_mib: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b / (1024 * 1024),
+                    UsedGpuMemory::Unavailable => 0,
+                },
+            })
+            .collect())
+    }
+
+    fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
+        self.check_managed(gpu_uuid)?;
+        let d = self.device(gpu_uuid)?;
+        let mem = d
+            .memory_info()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        Ok(Telemetry {
+            memory_used_mib: mem.used / (1024 * 1024),
+            memory_total_mib: mem.total / (1024 * 1024),
+            utilization_pct: d.utilization_rates().ok().map(|u| u.gpu),
+            temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
+            power_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+        })
+    }
+
+    fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {
+        self.check_managed(gpu_uuid)?;
+        if !self.allow_mode_change {
+            return Err(BackendError::Driver(
+                "MIG mode changes are disabled on this node; an operator may allow them with GPUSLICE_NVML_ALLOW_MODE_CHANGE=true"
+                    .into(),
+            ));
+        }
+        let d = self.device(gpu_uuid)?;
+        let set = self.raw(
+            "nvmlDeviceSetMigMode",
+            &self.nvml.lib().nvmlDeviceSetMigMode,
+        )?;
+        let mut activation: u32 = 0;
+        // SAFETY: as in `mig_uuids`.
+        self.check("nvmlDeviceSetMigMode", unsafe {
+            set(d.handle(), u32::from(enabled), &mut activation)
+        })?;
+        // A non-success activation status means "pending until reset",
+        // which the inventory reports as mig_pending.
+        Ok(())
+    }
+}

@@ -1,0 +1,1251 @@
+//! A stand-in `libnvidia-ml.so` for gpuslice's tests.
+//!
+//! It implements the NVML C functions gpuslice's NVML backend calls, with
+//! NVML's semantics — profile enum index vs profile id, `_v2` placements,
+//! `NVML_ERROR_INSUFFICIENT_RESOURCES` on overlap, `NVML_ERROR_IN_USE` while
+//! compute instances or processes exist, `NVML_ERROR_NOT_FOUND` for an empty
+//! MIG index, `MIG-` uuids — over the GPUs of one node of the fleet file
+//! named by `GPUSLICE_FLEET` (the demo fleet when unset; the node by
+//! `GPUSLICE_NVML_NODE`, else the first). Whether a GPU instance may be
+//! created is decided by `gpuslice::gpu::mig::check_create`, the same code
+//! the simulated backend uses. With `GPUSLICE_NVML_STATE` the "driver" keeps
+//! its state in that file across processes, like real GPUs keep their
+//! instances when a program exits.
+//!
+//! Two extra symbols let tests play the world outside NVML:
+//! `gpusliceStandinAttachProcess` (a process starts on a device) and
+//! `gpusliceStandinReset` (a GPU reset applies a pending MIG mode).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_uint, c_ulonglong, CStr};
+use std::sync::Mutex;
+
+use gpuslice::gpu::catalog::{self, Placement};
+use gpuslice::gpu::fleet::{Fleet, Mode};
+use gpuslice::gpu::mig::{self, Existing};
+use serde::{Deserialize, Serialize};
+
+type Ret = c_uint;
+const SUCCESS: Ret = 0;
+const UNINITIALIZED: Ret = 1;
+const INVALID_ARGUMENT: Ret = 2;
+const NOT_SUPPORTED: Ret = 3;
+const NOT_FOUND: Ret = 6;
+const INSUFFICIENT_SIZE: Ret = 7;
+const IN_USE: Ret = 19;
+const INSUFFICIENT_RESOURCES: Ret = 23;
+const UNKNOWN: Ret = 999;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Proc {
+    pid: u32,
+    mib: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Ci {
+    id: u32,
+    profile_id: u32,
+    uuid: String,
+    processes: Vec<Proc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Gi {
+    id: u32,
+    profile_id: u32,
+    placement: Placement,
+    cis: Vec<Ci>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Gpu {
+    model: String,
+    uuid: String,
+    mig_current: bool,
+    mig_pending: bool,
+    gis: Vec<Gi>,
+    next_gi: u32,
+    processes: Vec<Proc>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    gpus: Vec<Gpu>,
+    #[serde(skip)]
+    path: Option<String>,
+    #[serde(skip)]
+    inits: u32,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn load() -> Result<State, String> {
+    let fleet = match std::env::var_os("GPUSLICE_FLEET") {
+        Some(p) => Fleet::load(Some(std::path::Path::new(&p)))?,
+        None => Fleet::demo(),
+    };
+    let node = match std::env::var("GPUSLICE_NVML_NODE") {
+        Ok(n) => fleet.node(&n).ok_or(format!("no node {n}"))?.clone(),
+        Err(_) => fleet.nodes.first().ok_or("empty fleet")?.clone(),
+    };
+    let mut gpus = Vec::new();
+    for group in &node.gpus {
+        for _ in 0..group.count {
+            let mig = group.mode == Mode::Mig;
+            gpus.push(Gpu {
+                model: group.model.clone(),
+                uuid: gpuslice::gpu::sim::gpu_uuid(&node.name, gpus.len() as u32),
+                mig_current: mig,
+                mig_pending: mig,
+                gis: Vec::new(),
+                next_gi: 1,
+                processes: Vec::new(),
+            });
+        }
+    }
+    let path = std::env::var("GPUSLICE_NVML_STATE").ok();
+    if let Some(saved) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        if let Ok(saved) = serde_json::from_slice::<State>(&saved) {
+            for g in &mut gpus {
+                if let Some(old) = saved
+                    .gpus
+                    .iter()
+                    .find(|o| o.uuid == g.uuid && o.model == g.model)
+                {
+                    *g = old.clone();
+                }
+            }
+        }
+    }
+    Ok(State {
+        gpus,
+        path,
+        inits: 0,
+    })
+}
+
+fn save(s: &State) {
+    if let Some(p) = &s.path {
+        if let Ok(bytes) = serde_json::to_vec(s) {
+            let tmp = format!("{p}.tmp");
+            if std::fs::write(&tmp, bytes).is_ok() {
+                let _ = std::fs::rename(tmp, p);
+            }
+        }
+    }
+}
+
+/// Runs `f` on the initialised state; saves it when `f` succeeded.
+fn with<F: FnOnce(&mut State) -> Ret>(f: F) -> Ret {
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        None => UNINITIALIZED,
+        Some(s) => {
+            let r = f(s);
+            if r == SUCCESS {
+                save(s);
+            }
+            r
+        }
+    }
+}
+
+// ----------------------------------------------------------------- handles
+// Opaque handles encode what they name: tag << 24 | gpu << 16 | gi << 8 | ci.
+
+const TAG_GPU: usize = 1;
+const TAG_MIG: usize = 2;
+const TAG_GI: usize = 3;
+const TAG_CI: usize = 4;
+
+fn handle(tag: usize, gpu: usize, gi: u32, ci: u32) -> *mut std::ffi::c_void {
+    ((tag << 24) | (gpu << 16) | ((gi as usize) << 8) | ci as usize) as *mut std::ffi::c_void
+}
+
+fn decode(h: *mut std::ffi::c_void) -> (usize, usize, u32, u32) {
+    let v = h as usize;
+    (
+        v >> 24,
+        (v >> 16) & 0xff,
+        ((v >> 8) & 0xff) as u32,
+        (v & 0xff) as u32,
+    )
+}
+
+fn gpu_of(s: &mut State, h: *mut std::ffi::c_void, tag: usize) -> Option<(&mut Gpu, u32, u32)> {
+    let (t, g, gi, ci) = decode(h);
+    if t != tag {
+        return None;
+    }
+    s.gpus.get_mut(g).map(|gpu| (gpu, gi, ci))
+}
+
+fn model(g: &Gpu) -> &'static catalog::Model {
+    catalog::model(&g.model).unwrap_or_else(|| &catalog::models()[0])
+}
+
+unsafe fn write_str(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
+    if buf.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return INSUFFICIENT_SIZE;
+    }
+    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
+    *buf.add(bytes.len()) = 0;
+    SUCCESS
+}
+
+/// The compute-instance profile that spans a GPU instance of `slices`.
+fn ci_profile_for(slices: u8) -> u32 {
+    match slices {
+        1 => 0,
+        2 => 1,
+        3 => 2,
+        4 => 3,
+        7 => 4,
+        6 => 6,
+        _ => 5,
+    }
+}
+
+// ------------------------------------------------------------------ init
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = guard.as_mut() {
+        s.inits += 1;
+        return SUCCESS;
+    }
+    match load() {
+        Ok(mut s) => {
+            s.inits = 1;
+            *guard = Some(s);
+            SUCCESS
+        }
+        Err(_) => UNKNOWN,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
+    nvmlInit_v2()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlShutdown() -> Ret {
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        None => UNINITIALIZED,
+        Some(s) => {
+            s.inits = s.inits.saturating_sub(1);
+            if s.inits == 0 {
+                *guard = None;
+            }
+            SUCCESS
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlErrorString(code: Ret) -> *const c_char {
+    let s: &'static CStr = match code {
+        SUCCESS => c"Success",
+        UNINITIALIZED => c"Uninitialized",
+        INVALID_ARGUMENT => c"Invalid Argument",
+        NOT_SUPPORTED => c"Not Supported",
+        NOT_FOUND => c"Not Found",
+        INSUFFICIENT_SIZE => c"Insufficient Size",
+        IN_USE => c"In use by another client",
+        INSUFFICIENT_RESOURCES => c"Insufficient Resources",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+// --------------------------------------------------------------- devices
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+    with(|s| {
+        *count = s.gpus.len() as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|s| {
+        if index as usize >= s.gpus.len() {
+            return INVALID_ARGUMENT;
+        }
+        *device = handle(TAG_GPU, index as usize, 0, 0);
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut *mut std::ffi::c_void,
+) -> Ret {
+    let want = CStr::from_ptr(uuid).to_string_lossy().to_string();
+    with(|s| {
+        for (i, g) in s.gpus.iter().enumerate() {
+            if g.uuid == want {
+                *device = handle(TAG_GPU, i, 0, 0);
+                return SUCCESS;
+            }
+            for gi in &g.gis {
+                for ci in &gi.cis {
+                    if ci.uuid == want {
+                        *device = handle(TAG_MIG, i, gi.id, ci.id);
+                        return SUCCESS;
+                    }
+                }
+            }
+        }
+        NOT_FOUND
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: *mut std::ffi::c_void,
+    index: *mut c_uint,
+) -> Ret {
+    with(|_| {
+        let (t, g, _, _) = decode(device);
+        if t != TAG_GPU {
+            return INVALID_ARGUMENT;
+        }
+        *index = g as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: *mut std::ffi::c_void,
+    name: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    with(|s| {
+        let (t, _, _, _) = decode(device);
+        let Some((g, gi, _)) = gpu_of(s, device, t) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        if t == TAG_MIG {
+            let profile = g
+                .gis
+                .iter()
+                .find(|x| x.id == gi)
+                .and_then(|x| m.profile_by_id(x.profile_id));
+            let text = format!(
+                "{} MIG {}",
+                m.product,
+                profile.map(|p| p.name.as_str()).unwrap_or("")
+            );
+            return write_str(&text, name, len);
+        }
+        write_str(m.product, name, len)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: *mut std::ffi::c_void,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    with(|s| {
+        let (t, _, _, _) = decode(device);
+        let Some((g, gi, ci)) = gpu_of(s, device, t) else {
+            return INVALID_ARGUMENT;
+        };
+        match t {
+            TAG_GPU => write_str(&g.uuid.clone(), uuid, len),
+            TAG_MIG => match g
+                .gis
+                .iter()
+                .find(|x| x.id == gi)
+                .and_then(|x| x.cis.iter().find(|c| c.id == ci))
+            {
+                Some(c) => write_str(&c.uuid.clone(), uuid, len),
+                None => NOT_FOUND,
+            },
+            _ => INVALID_ARGUMENT,
+        }
+    })
+}
+
+#[repr(C)]
+pub struct Memory2 {
+    version: c_uint,
+    total: c_ulonglong,
+    reserved: c_ulonglong,
+    free: c_ulonglong,
+    used: c_ulonglong,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut std::ffi::c_void,
+    memory: *mut Memory2,
+) -> Ret {
+    with(|s| {
+        let (t, _, _, _) = decode(device);
+        let Some((g, gi, ci)) = gpu_of(s, device, t) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        let (total_gib, used_mib) = match t {
+            TAG_GPU => (
+                m.memory_gib,
+                g.processes
+                    .iter()
+                    .chain(
+                        g.gis
+                            .iter()
+                            .flat_map(|x| x.cis.iter().flat_map(|c| c.processes.iter())),
+                    )
+                    .map(|p| p.mib)
+                    .sum::<u64>(),
+            ),
+            TAG_MIG => {
+                let Some(x) = g.gis.iter().find(|x| x.id == gi) else {
+                    return NOT_FOUND;
+                };
+                let gib = m
+                    .profile_by_id(x.profile_id)
+                    .map(|p| p.memory_gib)
+                    .unwrap_or(0.0);
+                let used = x
+                    .cis
+                    .iter()
+                    .filter(|c| c.id == ci)
+                    .flat_map(|c| c.processes.iter())
+                    .map(|p| p.mib)
+                    .sum();
+                (gib, used)
+            }
+            _ => return INVALID_ARGUMENT,
+        };
+        let total = (total_gib * 1024.0 * 1024.0 * 1024.0) as u64;
+        let used = used_mib * 1024 * 1024;
+        *memory = Memory2 {
+            version: (*memory).version,
+            total,
+            reserved: 0,
+            free: total.saturating_sub(used),
+            used,
+        };
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: *mut std::ffi::c_void,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if !model(g).mig_capable() {
+            return NOT_SUPPORTED;
+        }
+        *current = g.mig_current as c_uint;
+        *pending = g.mig_pending as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    device: *mut std::ffi::c_void,
+    mode: c_uint,
+    activation: *mut Ret,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if !model(g).mig_capable() {
+            return NOT_SUPPORTED;
+        }
+        if !g.gis.is_empty() {
+            return IN_USE;
+        }
+        g.mig_pending = mode == 1;
+        // The change waits for a GPU reset, as on GPUs with running clients.
+        *activation = if g.mig_pending == g.mig_current {
+            SUCCESS
+        } else {
+            21 /* RESET_REQUIRED */
+        };
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: *mut std::ffi::c_void,
+    count: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        *count = u32::from(model(g).compute_slices);
+        SUCCESS
+    })
+}
+
+/// MIG devices in the order NVML enumerates them: by GPU instance, then
+/// compute instance.
+fn mig_devices(g: &Gpu) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = g
+        .gis
+        .iter()
+        .flat_map(|x| x.cis.iter().map(move |c| (x.id, c.id)))
+        .collect();
+    v.sort();
+    v
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: *mut std::ffi::c_void,
+    index: c_uint,
+    mig: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(device);
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if !g.mig_current {
+            return NOT_SUPPORTED;
+        }
+        match mig_devices(g).get(index as usize) {
+            Some(&(gi, ci)) => {
+                *mig = handle(TAG_MIG, gidx, gi, ci);
+                SUCCESS
+            }
+            None => NOT_FOUND,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig: *mut std::ffi::c_void,
+    device: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|_| {
+        let (t, g, _, _) = decode(mig);
+        if t != TAG_MIG {
+            return INVALID_ARGUMENT;
+        }
+        *device = handle(TAG_GPU, g, 0, 0);
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: *mut std::ffi::c_void,
+    is_mig: *mut c_uint,
+) -> Ret {
+    with(|_| {
+        *is_mig = (decode(device).0 == TAG_MIG) as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: *mut std::ffi::c_void,
+    id: *mut c_uint,
+) -> Ret {
+    with(|_| {
+        let (t, _, gi, _) = decode(device);
+        if t != TAG_MIG {
+            return NOT_SUPPORTED;
+        }
+        *id = gi;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: *mut std::ffi::c_void,
+    id: *mut c_uint,
+) -> Ret {
+    with(|_| {
+        let (t, _, _, ci) = decode(device);
+        if t != TAG_MIG {
+            return NOT_SUPPORTED;
+        }
+        *id = ci;
+        SUCCESS
+    })
+}
+
+// -------------------------------------------------------- GPU instances
+
+#[repr(C)]
+pub struct GiProfileInfo {
+    id: c_uint,
+    is_p2p_supported: c_uint,
+    slice_count: c_uint,
+    instance_count: c_uint,
+    multiprocessor_count: c_uint,
+    copy_engine_count: c_uint,
+    decoder_count: c_uint,
+    encoder_count: c_uint,
+    jpeg_count: c_uint,
+    ofa_count: c_uint,
+    memory_size_mb: c_ulonglong,
+}
+
+/// Takes the profile *enum index* (`NVML_GPU_INSTANCE_PROFILE_*`) and
+/// returns the profile *id* in `info.id`, as NVML does.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: *mut std::ffi::c_void,
+    profile: c_uint,
+    info: *mut GiProfileInfo,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(p) = model(g).profile_by_enum(profile) else {
+            return NOT_SUPPORTED;
+        };
+        *info = GiProfileInfo {
+            id: p.nvml_id,
+            is_p2p_supported: 0,
+            slice_count: u32::from(p.compute_slices),
+            instance_count: u32::from(p.max_count),
+            multiprocessor_count: 16 * u32::from(p.compute_slices),
+            copy_engine_count: u32::from(p.compute_slices),
+            decoder_count: u32::from(p.media_extensions),
+            encoder_count: 0,
+            jpeg_count: u32::from(p.media_extensions),
+            ofa_count: u32::from(p.media_extensions),
+            memory_size_mb: (p.memory_gib * 1024.0) as u64,
+        };
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CPlacement {
+    start: c_uint,
+    size: c_uint,
+}
+
+/// Every placement of the profile, whatever is already created (as NVML
+/// documents); `placements` null asks for the count.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    device: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    placements: *mut CPlacement,
+    count: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(p) = model(g).profile_by_id(profile_id) else {
+            return NOT_SUPPORTED;
+        };
+        let all: Vec<Placement> = p.placements().collect();
+        if placements.is_null() {
+            *count = all.len() as c_uint;
+            return SUCCESS;
+        }
+        if (*count as usize) < all.len() {
+            *count = all.len() as c_uint;
+            return INSUFFICIENT_SIZE;
+        }
+        for (i, pl) in all.iter().enumerate() {
+            *placements.add(i) = CPlacement {
+                start: u32::from(pl.start),
+                size: u32::from(pl.size),
+            };
+        }
+        *count = all.len() as c_uint;
+        SUCCESS
+    })
+}
+
+fn existing(g: &Gpu) -> Vec<Existing> {
+    g.gis
+        .iter()
+        .map(|x| Existing {
+            profile_id: x.profile_id,
+            placement: x.placement,
+        })
+        .collect()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
+    device: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    count: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        if m.profile_by_id(profile_id).is_none() {
+            return NOT_SUPPORTED;
+        }
+        // Greedy count of how many more fit, lowest placement first.
+        let mut ex = existing(g);
+        let mut n = 0;
+        while let Some(pl) = mig::free_placements(m, &ex, profile_id).first().copied() {
+            ex.push(Existing {
+                profile_id,
+                placement: pl,
+            });
+            n += 1;
+        }
+        *count = n;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
+    device: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    placement: *const CPlacement,
+    gi: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(device);
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if !g.mig_current {
+            return NOT_SUPPORTED;
+        }
+        if placement.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let pl = *placement;
+        if pl.start > 255 || pl.size > 255 {
+            return INVALID_ARGUMENT;
+        }
+        let pl = Placement {
+            start: pl.start as u8,
+            size: pl.size as u8,
+        };
+        if let Err(e) = mig::check_create(model(g), &existing(g), profile_id, pl) {
+            return e.nvml_code();
+        }
+        let id = g.next_gi;
+        g.next_gi += 1;
+        g.gis.push(Gi {
+            id,
+            profile_id,
+            placement: pl,
+            cis: Vec::new(),
+        });
+        *gi = handle(TAG_GI, gidx, id, 0);
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
+    device: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    gis: *mut *mut std::ffi::c_void,
+    count: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(device);
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if model(g).profile_by_id(profile_id).is_none() {
+            return NOT_SUPPORTED;
+        }
+        let ids: Vec<u32> = g
+            .gis
+            .iter()
+            .filter(|x| x.profile_id == profile_id)
+            .map(|x| x.id)
+            .collect();
+        if (*count as usize) < ids.len() || gis.is_null() {
+            *count = ids.len() as c_uint;
+            return if ids.is_empty() {
+                SUCCESS
+            } else {
+                INSUFFICIENT_SIZE
+            };
+        }
+        for (i, id) in ids.iter().enumerate() {
+            *gis.add(i) = handle(TAG_GI, gidx, *id, 0);
+        }
+        *count = ids.len() as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: *mut std::ffi::c_void,
+    id: c_uint,
+    gi: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(device);
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        if !g.gis.iter().any(|x| x.id == id) {
+            return NOT_FOUND;
+        }
+        *gi = handle(TAG_GI, gidx, id, 0);
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct GiInfo {
+    device: *mut std::ffi::c_void,
+    id: c_uint,
+    profile_id: c_uint,
+    placement: CPlacement,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gi: *mut std::ffi::c_void,
+    info: *mut GiInfo,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(gi);
+        let Some((g, id, _)) = gpu_of(s, gi, TAG_GI) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(x) = g.gis.iter().find(|x| x.id == id) else {
+            return NOT_FOUND;
+        };
+        *info = GiInfo {
+            device: handle(TAG_GPU, gidx, 0, 0),
+            id,
+            profile_id: x.profile_id,
+            placement: CPlacement {
+                start: u32::from(x.placement.start),
+                size: u32::from(x.placement.size),
+            },
+        };
+        SUCCESS
+    })
+}
+
+/// Refused while compute instances exist (NVML_ERROR_IN_USE).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gi: *mut std::ffi::c_void) -> Ret {
+    with(|s| {
+        let Some((g, id, _)) = gpu_of(s, gi, TAG_GI) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(pos) = g.gis.iter().position(|x| x.id == id) else {
+            return NOT_FOUND;
+        };
+        if !g.gis[pos].cis.is_empty() {
+            return IN_USE;
+        }
+        g.gis.remove(pos);
+        SUCCESS
+    })
+}
+
+// ---------------------------------------------------- compute instances
+
+#[repr(C)]
+pub struct CiProfileInfo {
+    id: c_uint,
+    slice_count: c_uint,
+    instance_count: c_uint,
+    multiprocessor_count: c_uint,
+    shared_copy_engine_count: c_uint,
+    shared_decoder_count: c_uint,
+    shared_encoder_count: c_uint,
+    shared_jpeg_count: c_uint,
+    shared_ofa_count: c_uint,
+}
+
+/// Only the compute-instance profile spanning the whole GPU instance is
+/// offered: gpuslice gives each booking a whole GPU instance.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    gi: *mut std::ffi::c_void,
+    profile: c_uint,
+    eng_profile: c_uint,
+    info: *mut CiProfileInfo,
+) -> Ret {
+    with(|s| {
+        let Some((g, id, _)) = gpu_of(s, gi, TAG_GI) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        let Some(x) = g.gis.iter().find(|x| x.id == id) else {
+            return NOT_FOUND;
+        };
+        let Some(p) = m.profile_by_id(x.profile_id) else {
+            return UNKNOWN;
+        };
+        if eng_profile != 0 || profile != ci_profile_for(p.compute_slices) {
+            return NOT_SUPPORTED;
+        }
+        *info = CiProfileInfo {
+            id: profile,
+            slice_count: u32::from(p.compute_slices),
+            instance_count: 1,
+            multiprocessor_count: 16 * u32::from(p.compute_slices),
+            shared_copy_engine_count: 1,
+            shared_decoder_count: 0,
+            shared_encoder_count: 0,
+            shared_jpeg_count: 0,
+            shared_ofa_count: 0,
+        };
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
+    gi: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    ci: *mut *mut std::ffi::c_void,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(gi);
+        let Some((g, id, _)) = gpu_of(s, gi, TAG_GI) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        let Some(x) = g.gis.iter_mut().find(|x| x.id == id) else {
+            return NOT_FOUND;
+        };
+        let Some(p) = m.profile_by_id(x.profile_id) else {
+            return UNKNOWN;
+        };
+        if profile_id != ci_profile_for(p.compute_slices) {
+            return NOT_SUPPORTED;
+        }
+        if !x.cis.is_empty() {
+            return INSUFFICIENT_RESOURCES;
+        }
+        let ci_id = 0;
+        x.cis.push(Ci {
+            id: ci_id,
+            profile_id,
+            uuid: format!("MIG-{}", uuid::Uuid::new_v4()),
+            processes: Vec::new(),
+        });
+        *ci = handle(TAG_CI, gidx, id, ci_id);
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
+    gi: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    cis: *mut *mut std::ffi::c_void,
+    count: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(gi);
+        let Some((g, id, _)) = gpu_of(s, gi, TAG_GI) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(x) = g.gis.iter().find(|x| x.id == id) else {
+            return NOT_FOUND;
+        };
+        let ids: Vec<u32> = x
+            .cis
+            .iter()
+            .filter(|c| c.profile_id == profile_id)
+            .map(|c| c.id)
+            .collect();
+        if (*count as usize) < ids.len() || cis.is_null() {
+            *count = ids.len() as c_uint;
+            return if ids.is_empty() {
+                SUCCESS
+            } else {
+                INSUFFICIENT_SIZE
+            };
+        }
+        for (i, cid) in ids.iter().enumerate() {
+            *cis.add(i) = handle(TAG_CI, gidx, id, *cid);
+        }
+        *count = ids.len() as c_uint;
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct CiInfo {
+    device: *mut std::ffi::c_void,
+    gpu_instance: *mut std::ffi::c_void,
+    id: c_uint,
+    profile_id: c_uint,
+    placement: CPlacement,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
+    ci: *mut std::ffi::c_void,
+    info: *mut CiInfo,
+) -> Ret {
+    with(|s| {
+        let (_, gidx, _, _) = decode(ci);
+        let Some((g, gi, cid)) = gpu_of(s, ci, TAG_CI) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        let Some(x) = g.gis.iter().find(|x| x.id == gi) else {
+            return NOT_FOUND;
+        };
+        let Some(c) = x.cis.iter().find(|c| c.id == cid) else {
+            return NOT_FOUND;
+        };
+        let slices = m
+            .profile_by_id(x.profile_id)
+            .map(|p| u32::from(p.compute_slices))
+            .unwrap_or(0);
+        *info = CiInfo {
+            device: handle(TAG_GPU, gidx, 0, 0),
+            gpu_instance: handle(TAG_GI, gidx, gi, 0),
+            id: cid,
+            profile_id: c.profile_id,
+            placement: CPlacement {
+                start: 0,
+                size: slices,
+            },
+        };
+        SUCCESS
+    })
+}
+
+/// Refused while processes run on it (NVML_ERROR_IN_USE).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: *mut std::ffi::c_void) -> Ret {
+    with(|s| {
+        let Some((g, gi, cid)) = gpu_of(s, ci, TAG_CI) else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(x) = g.gis.iter_mut().find(|x| x.id == gi) else {
+            return NOT_FOUND;
+        };
+        let Some(pos) = x.cis.iter().position(|c| c.id == cid) else {
+            return NOT_FOUND;
+        };
+        let alive = x.cis[pos].processes.iter().any(|p| process_alive(p.pid));
+        if alive {
+            return IN_USE;
+        }
+        x.cis.remove(pos);
+        SUCCESS
+    })
+}
+
+/// A process counts while it exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+// -------------------------------------------------------------- processes
+
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut std::ffi::c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> Ret {
+    with(|s| {
+        let (t, _, _, _) = decode(device);
+        let Some((g, gi, ci)) = gpu_of(s, device, t) else {
+            return INVALID_ARGUMENT;
+        };
+        let mut procs: Vec<(u32, u64, u32, u32)> = Vec::new();
+        if t == TAG_GPU {
+            procs.extend(
+                g.processes
+                    .iter()
+                    .map(|p| (p.pid, p.mib, u32::MAX, u32::MAX)),
+            );
+        }
+        for x in &g.gis {
+            for c in &x.cis {
+                if t == TAG_GPU || (x.id == gi && c.id == ci) {
+                    procs.extend(c.processes.iter().map(|p| (p.pid, p.mib, x.id, c.id)));
+                }
+            }
+        }
+        procs.retain(|p| process_alive(p.0));
+        if infos.is_null() || (*count as usize) < procs.len() {
+            let had = *count;
+            *count = procs.len() as c_uint;
+            return if procs.is_empty() || (!infos.is_null() && had as usize >= procs.len()) {
+                SUCCESS
+            } else {
+                INSUFFICIENT_SIZE
+            };
+        }
+        for (i, p) in procs.iter().enumerate() {
+            *infos.add(i) = ProcessInfo {
+                pid: p.0,
+                used_gpu_memory: p.1 * 1024 * 1024,
+                gpu_instance_id: p.2,
+                compute_instance_id: p.3,
+            };
+        }
+        *count = procs.len() as c_uint;
+        SUCCESS
+    })
+}
+
+// -------------------------------------------------------------- telemetry
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: *mut std::ffi::c_void,
+    _sensor: c_uint,
+    temp: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return NOT_SUPPORTED;
+        };
+        *temp = 34 + 6 * g.gis.len() as c_uint;
+        SUCCESS
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: *mut std::ffi::c_void,
+    milliwatts: *mut c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return NOT_SUPPORTED;
+        };
+        *milliwatts = 60_000 + 90_000 * g.gis.len() as c_uint;
+        SUCCESS
+    })
+}
+
+#[repr(C)]
+pub struct Utilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+/// Not supported on MIG-enabled GPUs and MIG devices, as on real hardware.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: *mut std::ffi::c_void,
+    util: *mut Utilization,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return NOT_SUPPORTED;
+        };
+        if g.mig_current {
+            return NOT_SUPPORTED;
+        }
+        let busy = g.processes.iter().filter(|p| process_alive(p.pid)).count() as c_uint;
+        *util = Utilization {
+            gpu: (busy * 35).min(100),
+            memory: (busy * 10).min(100),
+        };
+        SUCCESS
+    })
+}
+
+// ------------------------------------------------- the world outside NVML
+
+/// Test hook: a process starts using the GPU or MIG device with this uuid.
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinAttachProcess(
+    uuid: *const c_char,
+    pid: c_uint,
+    mib: c_ulonglong,
+) -> Ret {
+    let want = CStr::from_ptr(uuid).to_string_lossy().to_string();
+    with(|s| {
+        for g in &mut s.gpus {
+            if g.uuid == want {
+                g.processes.push(Proc { pid, mib });
+                return SUCCESS;
+            }
+            for x in &mut g.gis {
+                for c in &mut x.cis {
+                    if c.uuid == want {
+                        c.processes.push(Proc { pid, mib });
+                        return SUCCESS;
+                    }
+                }
+            }
+        }
+        NOT_FOUND
+    })
+}
+
+/// Test hook: a GPU reset, which applies a pending MIG mode.
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinReset(device: *mut std::ffi::c_void) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        g.mig_current = g.mig_pending;
+        g.gis.clear();
+        g.processes.clear();
+        SUCCESS
+    })
+}
