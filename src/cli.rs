@@ -51,6 +51,14 @@ pub enum Command {
     Demo(ServeArgs),
     /// Run the worker of one GPU node (inventory and heartbeat).
     Worker(WorkerArgs),
+    /// Read-only check of a real GPU machine: what NVML reports (GPUs, MIG
+    /// mode, profiles with ids, possible placements) next to the catalog.
+    /// Changes no GPU setting. Needs no database.
+    GpuCheck {
+        /// Path of libnvidia-ml (default: the system's).
+        #[arg(long, env = "GPUSLICE_NVML_LIB")]
+        nvml_lib: Option<PathBuf>,
+    },
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -199,6 +207,9 @@ pub fn init_tracing(json: bool) {
 
 /// Runs one command.
 pub async fn run(cli: Cli) -> Result<()> {
+    if let Command::GpuCheck { nvml_lib } = &cli.command {
+        return gpu_check(nvml_lib.as_deref());
+    }
     let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
     let result = run_with(&database, cli.command, &cli.data_dir).await;
     let closed = database.close().await;
@@ -209,6 +220,7 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
     match command {
+        Command::GpuCheck { .. } => Ok(()),
         Command::Migrate => {
             println!("database is up to date");
             Ok(())
@@ -252,6 +264,71 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
             Ok(())
         }
     }
+}
+
+/// `gpu-check`: prints the GPUs and every GPU-instance profile as NVML
+/// reports them, flagging where the catalog disagrees. Read-only.
+pub fn gpu_check(lib: Option<&std::path::Path>) -> Result<()> {
+    use crate::gpu::{nvml::NvmlBackend, GpuBackend};
+    let b = NvmlBackend::open(lib, None, false).map_err(|e| anyhow!(e))?;
+    println!(
+        "{:<5} {:<40} {:<32} {:<12} {:>10}  mig (now/after reset)",
+        "gpu", "uuid", "product", "catalog", "MiB"
+    );
+    for g in b.inventory()? {
+        println!(
+            "{:<5} {:<40} {:<32} {:<12} {:>10}  {}/{}",
+            g.index,
+            g.uuid,
+            g.product,
+            g.model.as_deref().unwrap_or("(unknown)"),
+            g.memory_mib,
+            if g.mig_current { "on" } else { "off" },
+            if g.mig_pending { "on" } else { "off" }
+        );
+    }
+    println!();
+    println!(
+        "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} verdict",
+        "gpu", "enum", "profile", "id", "slices", "max", "MiB", "possible placements (start:size)"
+    );
+    let rows = b.check_profiles()?;
+    for r in &rows {
+        let opt = |v: Option<u32>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+        let placements = r
+            .placements
+            .as_ref()
+            .map(|p| {
+                p.iter()
+                    .map(|x| format!("{}:{}", x.start, x.size))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_else(|| "-".into());
+        let verdict = match (&r.catalog_name, r.nvml_id, r.agrees) {
+            (_, _, true) => "agrees",
+            (None, Some(_), _) => "NOT IN CATALOG",
+            (Some(_), None, _) => "not offered by the driver",
+            _ => "DIFFERS",
+        };
+        println!(
+            "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} {verdict}",
+            r.gpu_index,
+            r.nvml_enum,
+            r.catalog_name.as_deref().unwrap_or("?"),
+            opt(r.nvml_id),
+            opt(r.slices),
+            opt(r.instance_count),
+            r.memory_mib
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
+            placements
+        );
+    }
+    let agree = rows.iter().filter(|r| r.agrees).count();
+    println!();
+    println!("{agree} of {} profiles agree with the catalog", rows.len());
+    Ok(())
 }
 
 /// Starts the inventory of the GPUs this process drives: the local GPUs

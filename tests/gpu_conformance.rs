@@ -493,3 +493,36 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+#[test]
+fn the_device_check_reads_nvml_and_compares_with_the_catalog() {
+    let lib = standin_copy();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["gpu-check", "--nvml-lib"])
+        .arg(&lib)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("NVIDIA H100 80GB HBM3") && text.contains("H100-80GB"),
+        "{text}"
+    );
+    assert!(text.contains("3g.40gb         9      3     2"), "{text}");
+    // Two H100s and an A30 with 7 + 7 + 5 profiles; the L40S has none.
+    assert!(
+        text.contains("19 of 19 profiles agree with the catalog"),
+        "{text}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["gpu-check", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded"));
+}

@@ -530,3 +530,114 @@ impl GpuBackend for NvmlBackend {
         Ok(())
     }
 }
+
+/// One GPU-instance profile as the driver describes it, next to the catalog.
+#[derive(Debug, Clone)]
+pub struct ProfileCheck {
+    pub gpu_index: u32,
+    pub product: String,
+    pub model: Option<String>,
+    /// `NVML_GPU_INSTANCE_PROFILE_*` enum index asked for.
+    pub nvml_enum: u32,
+    /// The catalog's profile for that enum, if it has one.
+    pub catalog_name: Option<String>,
+    /// What the driver returned (None: not supported on this GPU).
+    pub nvml_id: Option<u32>,
+    pub slices: Option<u32>,
+    pub instance_count: Option<u32>,
+    pub memory_mib: Option<u64>,
+    pub placements: Option<Vec<Placement>>,
+    /// Whether id, slices, count and placements match the catalog.
+    pub agrees: bool,
+}
+
+impl NvmlBackend {
+    /// Read-only: asks the driver for every GPU-instance profile (enum
+    /// indexes 0 to 9) and its possible placements on every GPU, and
+    /// compares them with the catalog. Changes nothing on the GPUs.
+    pub fn check_profiles(&self) -> Result<Vec<ProfileCheck>, BackendError> {
+        let lib = self.nvml.lib();
+        let info_fn = self.raw(
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            &lib.nvmlDeviceGetGpuInstanceProfileInfo,
+        )?;
+        let placements_fn = self.raw(
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+            &lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+        )?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let d = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| BackendError::Driver(e.to_string()))?;
+            let info = self.info(index, &d)?;
+            let model = info.model.as_deref().and_then(catalog::model);
+            // SAFETY: `handle` is the raw handle of a device of this Nvml.
+            let dev = unsafe { d.handle() };
+            for nvml_enum in 0..10u32 {
+                let expected = model.and_then(|m| m.profile_by_enum(nvml_enum));
+                // SAFETY: `p` and `buf` are live locals of the prototype's
+                // types; `n` carries the buffer's true length.
+                let (nvml_id, slices, instance_count, memory_mib, placements) = unsafe {
+                    let mut p: sys::nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+                    if info_fn(dev, nvml_enum, &mut p) != SUCCESS {
+                        (None, None, None, None, None)
+                    } else {
+                        let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 16];
+                        let mut n: c_uint = buf.len() as c_uint;
+                        let placements = (placements_fn(dev, p.id, buf.as_mut_ptr(), &mut n)
+                            == SUCCESS)
+                            .then(|| {
+                                buf[..n as usize]
+                                    .iter()
+                                    .map(|x| Placement {
+                                        start: x.start as u8,
+                                        size: x.size as u8,
+                                    })
+                                    .collect::<Vec<_>>()
+                            });
+                        (
+                            Some(p.id),
+                            Some(p.sliceCount),
+                            Some(p.instanceCount),
+                            Some(p.memorySizeMB),
+                            placements,
+                        )
+                    }
+                };
+                if nvml_id.is_none() && expected.is_none() {
+                    continue;
+                }
+                let agrees = match expected {
+                    Some(e) => {
+                        nvml_id == Some(e.nvml_id)
+                            && slices == Some(u32::from(e.compute_slices))
+                            && instance_count == Some(u32::from(e.max_count))
+                            && placements.as_deref()
+                                == Some(&e.placements().collect::<Vec<_>>()[..])
+                    }
+                    None => false,
+                };
+                out.push(ProfileCheck {
+                    gpu_index: index,
+                    product: info.product.clone(),
+                    model: info.model.clone(),
+                    nvml_enum,
+                    catalog_name: expected.map(|e| e.name.clone()),
+                    nvml_id,
+                    slices,
+                    instance_count,
+                    memory_mib,
+                    placements,
+                    agrees,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
