@@ -526,3 +526,100 @@ fn the_device_check_reads_nvml_and_compares_with_the_catalog() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded"));
 }
+
+/// The stand-in answers raw NVML calls the way NVML does.
+#[test]
+fn the_standin_has_nvml_semantics() {
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper_sys::bindings as sys;
+    let lib = standin_copy();
+    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().unwrap();
+    let raw = nvml.lib();
+    let dev = unsafe { nvml.device_by_index(0).unwrap().handle() };
+    // SAFETY: every pointer is a live local of the prototype's type.
+    unsafe {
+        // The enum index is not the profile id: enum 9 (1_SLICE_REV2) is id 15.
+        let mut info: sys::nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+        assert_eq!(
+            (raw.nvmlDeviceGetGpuInstanceProfileInfo.as_ref().unwrap())(dev, 9, &mut info),
+            0
+        );
+        assert_eq!((info.id, info.sliceCount, info.instanceCount), (15, 1, 4));
+        // _v2 placements: a null buffer asks for the count.
+        let placements = raw
+            .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+            .as_ref()
+            .unwrap();
+        let mut n = 0;
+        assert_eq!(placements(dev, 15, std::ptr::null_mut(), &mut n), 0);
+        assert_eq!(n, 4);
+        let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 4];
+        assert_eq!(placements(dev, 15, buf.as_mut_ptr(), &mut n), 0);
+        assert_eq!(
+            buf.iter().map(|p| (p.start, p.size)).collect::<Vec<_>>(),
+            [(0, 2), (2, 2), (4, 2), (6, 2)]
+        );
+        // No MIG device yet: NOT_FOUND at index 0.
+        let mut mig: sys::nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(
+            (raw.nvmlDeviceGetMigDeviceHandleByIndex.as_ref().unwrap())(dev, 0, &mut mig),
+            NOT_FOUND
+        );
+        // Create a 3g at 4, then an overlapping 4g at 0 is refused...
+        let create = raw
+            .nvmlDeviceCreateGpuInstanceWithPlacement
+            .as_ref()
+            .unwrap();
+        let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        assert_eq!(
+            create(
+                dev,
+                9,
+                &sys::nvmlGpuInstancePlacement_t { start: 4, size: 4 },
+                &mut gi
+            ),
+            0
+        );
+        let mut other: sys::nvmlGpuInstance_t = std::ptr::null_mut();
+        assert_eq!(
+            create(
+                dev,
+                5,
+                &sys::nvmlGpuInstancePlacement_t { start: 2, size: 4 },
+                &mut other
+            ),
+            INVALID_ARGUMENT
+        );
+        assert_eq!(
+            create(
+                dev,
+                9,
+                &sys::nvmlGpuInstancePlacement_t { start: 4, size: 4 },
+                &mut other
+            ),
+            INSUFFICIENT_RESOURCES
+        );
+        // ...a compute instance makes the MIG device, and the GPU instance is IN_USE.
+        let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
+        assert_eq!(
+            (raw.nvmlGpuInstanceCreateComputeInstance.as_ref().unwrap())(gi, 2, &mut ci),
+            0
+        );
+        assert_eq!((raw.nvmlGpuInstanceDestroy.as_ref().unwrap())(gi), 19);
+        assert_eq!(
+            (raw.nvmlDeviceGetMigDeviceHandleByIndex.as_ref().unwrap())(dev, 0, &mut mig),
+            0
+        );
+        let mut uuid = [0 as std::ffi::c_char; 96];
+        assert_eq!(
+            (raw.nvmlDeviceGetUUID.as_ref().unwrap())(mig, uuid.as_mut_ptr(), 96),
+            0
+        );
+        let uuid = std::ffi::CStr::from_ptr(uuid.as_ptr())
+            .to_string_lossy()
+            .to_string();
+        assert!(is_uuid_form(&uuid, "MIG-"), "{uuid}");
+        assert_eq!((raw.nvmlComputeInstanceDestroy.as_ref().unwrap())(ci), 0);
+        assert_eq!((raw.nvmlGpuInstanceDestroy.as_ref().unwrap())(gi), 0);
+    }
+}
