@@ -51,6 +51,9 @@ pub enum Command {
     Demo(ServeArgs),
     /// Run the worker of one GPU node (inventory and heartbeat).
     Worker(WorkerArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Read-only check of a real GPU machine: what NVML reports (GPUs, MIG
     /// mode, profiles with ids, possible placements) next to the catalog.
     /// Changes no GPU setting. Needs no database.
@@ -119,6 +122,28 @@ pub struct GpuArgs {
     /// Time-sliced shares per GPU on NVML nodes (the fleet file sets it for sim).
     #[arg(long, env = "GPUSLICE_MAX_SHARES", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub max_shares: i32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Replays a cluster trace (FGD's method) under placement policies.
+    Replay {
+        /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Pod list CSV (name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...).
+        #[arg(long)]
+        pods: PathBuf,
+        /// first-fit, best-fit, fgd, gpuslice, or all (comma-separated list allowed).
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Seeds: 42..51 (inclusive), or a comma-separated list.
+        #[arg(long, default_value = "42..51")]
+        seeds: String,
+        /// Print JSON (with per-seed results and curves) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -207,8 +232,10 @@ pub fn init_tracing(json: bool) {
 
 /// Runs one command.
 pub async fn run(cli: Cli) -> Result<()> {
-    if let Command::GpuCheck { nvml_lib } = &cli.command {
-        return gpu_check(nvml_lib.as_deref());
+    match &cli.command {
+        Command::GpuCheck { nvml_lib } => return gpu_check(nvml_lib.as_deref()),
+        Command::Bench(b) => return bench(b),
+        _ => {}
     }
     let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
     let result = run_with(&database, cli.command, &cli.data_dir).await;
@@ -220,7 +247,7 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
     match command {
-        Command::GpuCheck { .. } => Ok(()),
+        Command::GpuCheck { .. } | Command::Bench(_) => Ok(()),
         Command::Migrate => {
             println!("database is up to date");
             Ok(())
@@ -264,6 +291,61 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
             Ok(())
         }
     }
+}
+
+/// `bench replay`: FGD's trace replay under the chosen policies.
+pub fn bench(cmd: &BenchCommand) -> Result<()> {
+    use crate::bench::replay;
+    use crate::placement::cluster::Policy;
+    let BenchCommand::Replay {
+        nodes,
+        pods,
+        policy,
+        seeds,
+        json,
+    } = cmd;
+    let policies: Vec<Policy> = if policy == "all" {
+        Policy::ALL.to_vec()
+    } else {
+        policy
+            .split(',')
+            .map(|p| Policy::parse(p.trim()).map_err(|e| anyhow!("--policy: {e}")))
+            .collect::<Result<_>>()?
+    };
+    let seeds = replay::parse_seeds(seeds).map_err(|e| anyhow!(e))?;
+    let trace = replay::Trace::load(nodes, pods).map_err(|e| anyhow!(e))?;
+    let mut results = Vec::new();
+    for p in policies {
+        let started = std::time::Instant::now();
+        let r = replay::run(&trace, p, &seeds);
+        let secs = started.elapsed().as_secs_f64();
+        if !json {
+            let lo = r
+                .per_seed
+                .iter()
+                .map(|s| s.allocation_pct_at_130)
+                .fold(f64::MAX, f64::min);
+            let hi = r
+                .per_seed
+                .iter()
+                .map(|s| s.allocation_pct_at_130)
+                .fold(f64::MIN, f64::max);
+            println!(
+                "{:<10} allocation at 130 %: {:6.2} % (seeds {:.2}–{:.2}), fragmentation at 100 %: {:5.2} %, {} seeds in {secs:.1} s",
+                r.policy, r.allocation_pct_at_130, lo, hi, r.fragmentation_curve[100], seeds.len()
+            );
+        }
+        results.push(r);
+    }
+    if *json {
+        let out = if results.len() == 1 {
+            serde_json::to_string_pretty(&results[0])?
+        } else {
+            serde_json::to_string_pretty(&results)?
+        };
+        println!("{out}");
+    }
+    Ok(())
 }
 
 /// `gpu-check`: prints the GPUs and every GPU-instance profile as NVML

@@ -2,10 +2,12 @@
 //! shares) in a browser. The library holds everything; `main.rs` only parses
 //! the command line. Tests drive [`web::router`] and the CLI functions.
 
+pub mod bench;
 pub mod cli;
 pub mod db;
 pub mod domain;
 pub mod gpu;
+pub mod placement;
 pub mod web;
 pub mod worker;
 

@@ -1,0 +1,3 @@
+//! Benchmarks that run from the command line (`gpuslice bench ...`).
+
+pub mod replay;
