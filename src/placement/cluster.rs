@@ -17,11 +17,6 @@ pub const MILLI: i32 = 1000;
 /// largest node of the trace's cluster).
 const MAX_SPEC_CPU: f64 = 128_000.0;
 const MAX_SPEC_GPU: f64 = 8_000.0;
-/// gpuslice's policy treats nodes whose fragmentation grows by at most this
-/// much more than the best as equally good and packs among them (first in
-/// list order). About the resolution of FGD's rounded score near its usual
-/// operating point (one score point is about 40 milli-GPU there).
-const GPUSLICE_BAND_MILLI: f64 = 60.0;
 
 /// A node as the trace describes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -267,9 +262,9 @@ pub enum Policy {
     /// FGD's simulator does (sigmoid of the change, as an integer 0–100),
     /// ties to the first node in list order.
     Fgd,
-    /// gpuslice's candidate default: the exact fragmentation change, with
-    /// every node within a small band of the best treated as equal and the
-    /// first of them (in list order) chosen, so near-equal choices pack.
+    /// gpuslice's candidate default: FGD's node ranking (rounded score,
+    /// first node among equals), but on the chosen node the GPU whose exact
+    /// fragmentation growth is least rather than the first of equal score.
     Gpuslice,
 }
 
@@ -431,7 +426,7 @@ impl Cluster {
 
     fn by_fragmentation(&mut self, t: &Task, policy: Policy) -> Option<Scored> {
         // Nodes in the same state score the same: evaluate each state once.
-        let mut by_state: HashMap<u128, (Choice, f64, f64)> = HashMap::new();
+        let mut by_state: HashMap<u128, (i32, f64, f64)> = HashMap::new();
         let mut scored: Vec<Scored> = Vec::new();
         for i in 0..self.nodes.len() {
             let s = self.nodes[i];
@@ -440,17 +435,24 @@ impl Cluster {
             }
             // Memory only gates `fits`, checked above; it does not change the score.
             let key = s.frag_key();
-            let (choice, score, tie) = match by_state.get(&key) {
-                Some(v) => *v,
+            let (choice, score, _gpu_tie) = match by_state.get(&key) {
+                // Equal states may order their GPUs differently: take the
+                // same-capacity GPU of this node (the lowest index).
+                Some(&(left, score, tie)) => (choice_on(&s, t, left), score, tie),
                 None => {
-                    let v = self.evaluate(&s, t, policy);
-                    by_state.insert(key, v);
-                    v
+                    let (c, score, tie) = self.evaluate(&s, t, policy);
+                    let left = c
+                        .gpus()
+                        .first()
+                        .map(|&g| s.gpu_left[usize::from(g)])
+                        .unwrap_or(0);
+                    by_state.insert(key, (left, score, tie));
+                    (c, score, tie)
                 }
             };
-            // Equal states may still differ in GPU order: re-map the choice
-            // to this node's own GPUs.
-            let choice = remap(&s, t, choice, &self.nodes[i]);
+            // Across nodes only the score counts: among equal scores the
+            // first node wins (see below), which packs.
+            let tie = 0.0;
             scored.push(Scored {
                 node: i,
                 choice,
@@ -472,12 +474,10 @@ impl Cluster {
                 })?;
         // FGD: equal (rounded) scores. gpuslice: every node within the
         // tolerance band of the least fragmentation growth.
-        let band = if policy == Policy::Gpuslice {
-            GPUSLICE_BAND_MILLI
-        } else {
-            0.0
-        };
-        let ties: Vec<&Scored> = scored.iter().filter(|c| c.score >= best.0 - band).collect();
+        let ties: Vec<&Scored> = scored
+            .iter()
+            .filter(|c| c.score == best.0 && c.tie == best.1)
+            .collect();
         // The first node in list order among the best: this reproduces the
         // published FGD and best-fit figures (uniform random choice among
         // equal scores does not: FGD drops to about 91.6 % on the default
@@ -512,9 +512,10 @@ impl Cluster {
                     (((1.0 / (1.0 + (-x).exp())) * 100.0).trunc(), 0.0)
                 }
                 _ => {
-                    // On one node: among equal growth, the fullest GPU.
-                    let tie = -(after_state.gpu_free() as f64);
-                    (before - after, tie)
+                    // FGD's rounded score across nodes; on one node, among
+                    // equal scores, the GPU whose exact growth is least.
+                    let x = (before - after) / 1000.0;
+                    (((1.0 / (1.0 + (-x).exp())) * 100.0).trunc(), before - after)
                 }
             };
             if best.is_none_or(|b| score > b.1 || (score == b.1 && tie > b.2)) {
@@ -525,19 +526,15 @@ impl Cluster {
     }
 }
 
-/// Moves a choice made on an equivalent state to the same-capacity GPUs of
-/// `node` (lowest index first).
-fn remap(_template: &NodeState, t: &Task, choice: Choice, node: &NodeState) -> Choice {
+/// The GPUs a task gets on `node` when the choice was "a GPU with `left`
+/// milli-GPU free" (shares) or "the lowest fully free GPUs" (whole GPUs).
+fn choice_on(node: &NodeState, t: &Task, left: i32) -> Choice {
     if !t.is_share() {
         return node.exclusive_choice(t);
     }
-    let Some(&g) = choice.gpus().first() else {
-        return choice;
-    };
-    let want = _template.gpu_left[usize::from(g)];
-    match node.lefts().iter().position(|&l| l == want) {
+    match node.lefts().iter().position(|&l| l == left) {
         Some(i) => Choice::one(i as u8),
-        None => choice,
+        None => Choice::default(),
     }
 }
 

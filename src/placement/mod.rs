@@ -8,3 +8,4 @@
 //! compares.
 
 pub mod cluster;
+pub mod mig;

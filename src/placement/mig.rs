@@ -1,0 +1,417 @@
+//! MIG placement over time: which GPU and which memory slices a booking of
+//! a MIG profile gets, so that the profile mix tenants ask for keeps fitting.
+//!
+//! Bookings hold a slot for a time window. A slot is free for a request only
+//! if it is free for the whole window: every booking whose window overlaps
+//! the request's counts as present (conservative: two of them that never
+//! overlap each other are still both counted). NVIDIA's rules come from
+//! [`crate::gpu::mig::check_create`].
+
+use crate::gpu::catalog::{Model, Placement, Profile};
+use crate::gpu::mig::{self, Existing};
+
+/// A half-open time window `[start, end)` in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start: i64,
+    pub end: i64,
+}
+
+impl Window {
+    pub fn overlaps(self, other: Window) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+
+    pub fn len(self) -> i64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.end <= self.start
+    }
+}
+
+/// A booking holding a slot on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booked {
+    pub profile_id: u32,
+    pub placement: Placement,
+    pub window: Window,
+}
+
+/// A MIG GPU with its bookings.
+#[derive(Debug, Clone)]
+pub struct MigGpu {
+    pub model: &'static Model,
+    pub bookings: Vec<Booked>,
+}
+
+impl MigGpu {
+    fn present(&self, w: Window) -> Vec<Existing> {
+        self.bookings
+            .iter()
+            .filter(|b| b.window.overlaps(w))
+            .map(|b| Existing {
+                profile_id: b.profile_id,
+                placement: b.placement,
+            })
+            .collect()
+    }
+}
+
+/// How often each profile is asked for (weights sum to 1), by name.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileMix(pub Vec<(String, f64)>);
+
+/// MIG placement policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigPolicy {
+    /// Lowest GPU index, lowest placement: what NVIDIA's tools do by default.
+    FirstFit,
+    /// The GPU with the fewest free memory slices that fits; lowest placement.
+    BestFit,
+    /// gpuslice's default: the GPU and placement that lose least of the
+    /// profile mix's capacity, preferring GPUs already in use.
+    Gpuslice,
+}
+
+impl MigPolicy {
+    pub const ALL: [MigPolicy; 3] = [MigPolicy::FirstFit, MigPolicy::BestFit, MigPolicy::Gpuslice];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MigPolicy::FirstFit => "first-fit",
+            MigPolicy::BestFit => "best-fit",
+            MigPolicy::Gpuslice => "gpuslice",
+        }
+    }
+}
+
+/// Why a request could not be placed, and when it could start instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub reason: String,
+    /// The earliest start (same duration) at which a slot is free, if any
+    /// among the ends of existing bookings.
+    pub earliest_start: Option<i64>,
+}
+
+/// How many more instances of `profile` fit, placing greedily from the
+/// lowest placement (NVML's remaining-capacity view).
+fn capacity(model: &Model, present: &[Existing], profile: &Profile) -> u32 {
+    let mut ex = present.to_vec();
+    let mut n = 0;
+    while let Some(p) = mig::free_placements(model, &ex, profile.nvml_id)
+        .first()
+        .copied()
+    {
+        ex.push(Existing {
+            profile_id: profile.nvml_id,
+            placement: p,
+        });
+        n += 1;
+    }
+    n
+}
+
+/// The mix-weighted capacity of a GPU state, in memory slices: how much of
+/// what tenants ask for still fits.
+pub fn mix_capacity(model: &Model, present: &[Existing], mix: &ProfileMix) -> f64 {
+    mix.0
+        .iter()
+        .filter_map(|(name, w)| model.profile(name).map(|p| (p, *w)))
+        .map(|(p, w)| w * f64::from(capacity(model, present, p) * u32::from(p.memory_slices)))
+        .sum()
+}
+
+/// Free memory slices that no placement of any profile in the mix could use
+/// now: capacity stranded by fragmentation.
+pub fn stranded_slices(model: &Model, present: &[Existing], mix: &ProfileMix) -> u32 {
+    let mut usable = vec![false; usize::from(model.memory_slices)];
+    for (name, _) in &mix.0 {
+        if let Some(p) = model.profile(name) {
+            for pl in mig::free_placements(model, present, p.nvml_id) {
+                for s in pl.start..pl.end() {
+                    usable[usize::from(s)] = true;
+                }
+            }
+        }
+    }
+    let mut taken = vec![false; usize::from(model.memory_slices)];
+    for e in present {
+        for s in e.placement.start..e.placement.end() {
+            if let Some(t) = taken.get_mut(usize::from(s)) {
+                *t = true;
+            }
+        }
+    }
+    (0..usize::from(model.memory_slices))
+        .filter(|&s| !taken[s] && !usable[s])
+        .count() as u32
+}
+
+/// Places a booking of `profile` (on GPUs of `model` when given) for
+/// `window`. Returns the GPU index and placement, or a refusal with the
+/// earliest start that would fit.
+pub fn place(
+    gpus: &[MigGpu],
+    profile: &str,
+    model: Option<&str>,
+    window: Window,
+    policy: MigPolicy,
+    mix: &ProfileMix,
+) -> Result<(usize, Placement), Refusal> {
+    if window.is_empty() {
+        return Err(Refusal {
+            reason: "the booking window is empty".into(),
+            earliest_start: None,
+        });
+    }
+    if let Some(found) = best_slot(gpus, profile, model, window, policy, mix) {
+        return Ok(found);
+    }
+    let eligible = gpus
+        .iter()
+        .any(|g| model.is_none_or(|m| g.model.id == m) && g.model.profile(profile).is_some());
+    if !eligible {
+        return Err(Refusal {
+            reason: format!(
+                "no GPU{} offers the profile {profile}",
+                model.map(|m| format!(" of model {m}")).unwrap_or_default()
+            ),
+            earliest_start: None,
+        });
+    }
+    // Try starting at each end of a booking that blocks the window.
+    let mut ends: Vec<i64> = gpus
+        .iter()
+        .flat_map(|g| g.bookings.iter().map(|b| b.window.end))
+        .filter(|&e| e > window.start)
+        .collect();
+    ends.sort_unstable();
+    ends.dedup();
+    let earliest = ends.into_iter().find(|&start| {
+        let w = Window {
+            start,
+            end: start + window.len(),
+        };
+        best_slot(gpus, profile, model, w, MigPolicy::FirstFit, mix).is_some()
+    });
+    Err(Refusal {
+        reason: format!("no free slot for {profile} in the requested window"),
+        earliest_start: earliest,
+    })
+}
+
+fn best_slot(
+    gpus: &[MigGpu],
+    profile: &str,
+    model: Option<&str>,
+    window: Window,
+    policy: MigPolicy,
+    mix: &ProfileMix,
+) -> Option<(usize, Placement)> {
+    let mut best: Option<((f64, f64, usize, u8), usize, Placement)> = None;
+    for (i, g) in gpus.iter().enumerate() {
+        if model.is_some_and(|m| g.model.id != m) {
+            continue;
+        }
+        let Some(p) = g.model.profile(profile) else {
+            continue;
+        };
+        let present = g.present(window);
+        let free = mig::free_placements(g.model, &present, p.nvml_id);
+        if free.is_empty() {
+            continue;
+        }
+        if policy == MigPolicy::FirstFit {
+            return Some((i, free[0]));
+        }
+        let used: u8 = present.iter().map(|e| e.placement.size).sum();
+        let free_slices = f64::from(g.model.memory_slices.saturating_sub(used));
+        let before = if policy == MigPolicy::Gpuslice {
+            mix_capacity(g.model, &present, mix)
+        } else {
+            0.0
+        };
+        for pl in free {
+            // Lower keys are better.
+            let key = match policy {
+                MigPolicy::BestFit => (free_slices, 0.0, i, pl.start),
+                _ => {
+                    let mut after = present.clone();
+                    after.push(Existing {
+                        profile_id: p.nvml_id,
+                        placement: pl,
+                    });
+                    let loss = before - mix_capacity(g.model, &after, mix);
+                    // Then prefer GPUs already in use (keep empty ones whole).
+                    (loss, free_slices, i, pl.start)
+                }
+            };
+            if best.as_ref().is_none_or(|b| key < b.0) {
+                best = Some((key, i, pl));
+            }
+            if policy == MigPolicy::BestFit {
+                break; // lowest placement on this GPU
+            }
+        }
+    }
+    best.map(|(_, i, pl)| (i, pl))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::catalog::model;
+    use proptest::prelude::*;
+
+    fn h100s(n: usize) -> Vec<MigGpu> {
+        (0..n)
+            .map(|_| MigGpu {
+                model: model("H100-80GB").unwrap(),
+                bookings: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn mix() -> ProfileMix {
+        ProfileMix(vec![
+            ("1g.10gb".into(), 0.5),
+            ("2g.20gb".into(), 0.2),
+            ("3g.40gb".into(), 0.2),
+            ("4g.40gb".into(), 0.05),
+            ("7g.80gb".into(), 0.05),
+        ])
+    }
+
+    const W: Window = Window {
+        start: 0,
+        end: 3600,
+    };
+
+    fn book(
+        gpus: &mut [MigGpu],
+        profile: &str,
+        w: Window,
+        policy: MigPolicy,
+    ) -> Result<(usize, Placement), Refusal> {
+        let r = place(gpus, profile, None, w, policy, &mix())?;
+        let pid = gpus[r.0].model.profile(profile).unwrap().nvml_id;
+        gpus[r.0].bookings.push(Booked {
+            profile_id: pid,
+            placement: r.1,
+            window: w,
+        });
+        Ok(r)
+    }
+
+    #[test]
+    fn the_default_keeps_the_4g_slot_free() {
+        // A 1g first: first-fit takes slice 0 and kills the 4g slot.
+        let mut g = h100s(1);
+        assert_eq!(
+            book(&mut g, "1g.10gb", W, MigPolicy::FirstFit).unwrap().1,
+            Placement { start: 0, size: 1 }
+        );
+        assert!(book(&mut g, "4g.40gb", W, MigPolicy::FirstFit).is_err());
+        let mut g = h100s(1);
+        let (_, p) = book(&mut g, "1g.10gb", W, MigPolicy::Gpuslice).unwrap();
+        assert!(p.start >= 4, "{p:?}");
+        assert!(book(&mut g, "4g.40gb", W, MigPolicy::Gpuslice).is_ok());
+    }
+
+    #[test]
+    fn time_windows_free_slots_and_refusals_offer_the_earliest_start() {
+        let mut g = h100s(1);
+        book(&mut g, "7g.80gb", W, MigPolicy::Gpuslice).unwrap();
+        // Overlapping: refused, with the earliest start at the end of the 7g.
+        let r = book(
+            &mut g,
+            "3g.40gb",
+            Window {
+                start: 1800,
+                end: 5400,
+            },
+            MigPolicy::Gpuslice,
+        )
+        .unwrap_err();
+        assert_eq!(r.earliest_start, Some(3600));
+        // After it: free.
+        assert!(book(
+            &mut g,
+            "3g.40gb",
+            Window {
+                start: 3600,
+                end: 7200
+            },
+            MigPolicy::Gpuslice
+        )
+        .is_ok());
+        let r = place(&g, "9g.90gb", None, W, MigPolicy::Gpuslice, &mix()).unwrap_err();
+        assert!(r.reason.contains("no GPU offers the profile 9g.90gb"));
+    }
+
+    #[test]
+    fn stranded_slices_count_what_no_profile_can_use() {
+        let m = model("H100-80GB").unwrap();
+        let at = |name: &str, start| Existing {
+            profile_id: m.profile(name).unwrap().nvml_id,
+            placement: Placement {
+                start,
+                size: m.profile(name).unwrap().memory_slices,
+            },
+        };
+        // 1g at 2 and 5: only 1g profiles fit the rest; slice 7 is stranded.
+        let present = vec![at("1g.10gb", 2), at("1g.10gb", 5)];
+        assert_eq!(stranded_slices(m, &present, &mix()), 1);
+        let only_big = ProfileMix(vec![("4g.40gb".into(), 1.0)]);
+        assert_eq!(
+            stranded_slices(m, &present, &only_big),
+            6,
+            "no 4g fits: all six free slices are stranded"
+        );
+    }
+
+    proptest! {
+        /// Whatever arrives, a returned placement is one NVIDIA allows and
+        /// never overlaps a booking that overlaps it in time.
+        #[test]
+        fn placements_are_valid_in_space_and_time(reqs in proptest::collection::vec((0usize..5, 0i64..10, 1i64..5, 0usize..3), 1..60)) {
+            let names = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+            let mut gpus = h100s(3);
+            for (pi, start, len, pol) in reqs {
+                let w = Window { start: start * 600, end: (start + len) * 600 };
+                let _ = book(&mut gpus, names[pi], w, MigPolicy::ALL[pol]);
+            }
+            for g in &gpus {
+                for (i, a) in g.bookings.iter().enumerate() {
+                    let p = g.model.profile_by_id(a.profile_id).unwrap();
+                    prop_assert!(p.allows(a.placement));
+                    for b in &g.bookings[i + 1..] {
+                        prop_assert!(!(a.window.overlaps(b.window) && a.placement.overlaps(b.placement)));
+                    }
+                }
+            }
+        }
+
+        /// A refusal happens only when an exhaustive search of every GPU and
+        /// placement also finds nothing.
+        #[test]
+        fn refusals_are_real(reqs in proptest::collection::vec((0usize..5, 0usize..3), 1..30)) {
+            let names = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+            let mut gpus = h100s(2);
+            for (pi, pol) in reqs {
+                if book(&mut gpus, names[pi], W, MigPolicy::ALL[pol]).is_err() {
+                    let p = gpus[0].model.profile(names[pi]).unwrap();
+                    for g in &gpus {
+                        let present = g.present(W);
+                        for pl in p.placements() {
+                            prop_assert!(mig::check_create(g.model, &present, p.nvml_id, pl).is_err());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
