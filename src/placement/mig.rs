@@ -211,7 +211,9 @@ fn best_slot(
     policy: MigPolicy,
     mix: &ProfileMix,
 ) -> Option<(usize, Placement)> {
-    let mut best: Option<((f64, f64, usize, u8), usize, Placement)> = None;
+    // (ranking key, lower is better; GPU; placement)
+    type Ranked = ((f64, f64, usize, u8), usize, Placement);
+    let mut best: Option<Ranked> = None;
     for (i, g) in gpus.iter().enumerate() {
         if model.is_some_and(|m| g.model.id != m) {
             continue;
