@@ -126,6 +126,20 @@ pub struct GpuArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// MIG benchmark: H100-80GB fleet, request stream from the trace's pods.
+    Mig {
+        /// Pod list CSV with creation_time and deletion_time.
+        #[arg(long)]
+        pods: PathBuf,
+        /// Number of H100-80GB GPUs (the default trace peaks at 472 compute
+        /// slices, about 67 GPUs: 50 is heavy load).
+        #[arg(long, default_value_t = 50)]
+        gpus: usize,
+        #[arg(long, default_value = "42")]
+        seeds: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Replays a cluster trace (FGD's method) under placement policies.
     Replay {
         /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
@@ -297,13 +311,21 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
 pub fn bench(cmd: &BenchCommand) -> Result<()> {
     use crate::bench::replay;
     use crate::placement::cluster::Policy;
-    let BenchCommand::Replay {
-        nodes,
-        pods,
-        policy,
-        seeds,
-        json,
-    } = cmd;
+    let (nodes, pods, policy, seeds, json) = match cmd {
+        BenchCommand::Mig {
+            pods,
+            gpus,
+            seeds,
+            json,
+        } => return bench_mig(pods, *gpus, seeds, *json),
+        BenchCommand::Replay {
+            nodes,
+            pods,
+            policy,
+            seeds,
+            json,
+        } => (nodes, pods, policy, seeds, json),
+    };
     let policies: Vec<Policy> = if policy == "all" {
         Policy::ALL.to_vec()
     } else {
@@ -344,6 +366,41 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             serde_json::to_string_pretty(&results)?
         };
         println!("{out}");
+    }
+    Ok(())
+}
+
+fn bench_mig(pods: &std::path::Path, gpus: usize, seeds: &str, json: bool) -> Result<()> {
+    use crate::bench::{mig, replay::parse_seeds};
+    use crate::placement::mig::MigPolicy;
+    if gpus == 0 {
+        bail!("--gpus: the fleet needs at least one GPU");
+    }
+    let mut all = Vec::new();
+    for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
+        let stream = mig::stream(pods, seed).map_err(|e| anyhow!(e))?;
+        let mut base = None;
+        for p in MigPolicy::ALL {
+            let started = std::time::Instant::now();
+            let r = mig::run(&stream, gpus, p);
+            let base_acc = *base.get_or_insert(r.accepted);
+            if !json {
+                println!(
+                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), stranded slices {:7.1}, {:.1} s",
+                    r.policy,
+                    r.accepted,
+                    r.requests,
+                    r.acceptance_pct,
+                    100.0 * (r.accepted as f64 / base_acc.max(1) as f64 - 1.0),
+                    r.mean_stranded_slices,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            all.push(serde_json::json!({"seed": seed, "result": r}));
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
     }
     Ok(())
 }

@@ -1,3 +1,4 @@
 //! Benchmarks that run from the command line (`gpuslice bench ...`).
 
+pub mod mig;
 pub mod replay;

@@ -214,6 +214,10 @@ fn best_slot(
     // (ranking key, lower is better; GPU; placement)
     type Ranked = ((f64, f64, usize, u8), usize, Placement);
     let mut best: Option<Ranked> = None;
+    // GPUs in the same state rank alike, and the first of them wins ties:
+    // evaluate each distinct state once.
+    let mut seen: std::collections::HashSet<(&str, Vec<(u32, u8, u8)>)> =
+        std::collections::HashSet::new();
     for (i, g) in gpus.iter().enumerate() {
         if model.is_some_and(|m| g.model.id != m) {
             continue;
@@ -222,6 +226,14 @@ fn best_slot(
             continue;
         };
         let present = g.present(window);
+        let mut key: Vec<(u32, u8, u8)> = present
+            .iter()
+            .map(|e| (e.profile_id, e.placement.start, e.placement.size))
+            .collect();
+        key.sort_unstable();
+        if policy != MigPolicy::FirstFit && !seen.insert((g.model.id, key)) {
+            continue;
+        }
         let free = mig::free_placements(g.model, &present, p.nvml_id);
         if free.is_empty() {
             continue;

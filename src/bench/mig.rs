@@ -1,0 +1,191 @@
+//! A MIG benchmark of our own: a fleet of MIG GPUs and a request stream
+//! derived from the Alibaba trace, with arrivals and departures.
+//!
+//! Each GPU task of the trace becomes MIG requests: a fraction of a GPU maps
+//! to the smallest profile whose compute share covers it (1g = 1/7 … 4g =
+//! 4/7, above that 7g), a whole GPU to 7g, k GPUs to k requests of 7g.
+//! Tasks arrive at their `creation_time` and leave at their
+//! `deletion_time`; where the trace has no deletion time, a seeded
+//! exponential duration with the trace's mean is used. Seeds shift arrival
+//! order among equal times and draw the missing durations.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::gpu::catalog;
+use crate::placement::mig::{
+    place, stranded_slices, Booked, MigGpu, MigPolicy, ProfileMix, Window,
+};
+
+/// One MIG request of the stream.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub arrive: i64,
+    pub depart: i64,
+    pub profile: &'static str,
+}
+
+/// The H100-80GB profile whose compute share covers `milli` of a GPU.
+pub fn profile_for(milli: i64) -> &'static str {
+    match milli {
+        m if m * 7 <= 1000 => "1g.10gb",
+        m if m * 7 <= 2000 => "2g.20gb",
+        m if m * 7 <= 3000 => "3g.40gb",
+        m if m * 7 <= 4000 => "4g.40gb",
+        _ => "7g.80gb",
+    }
+}
+
+/// Reads the pod CSV and builds the request stream for `seed`.
+pub fn stream(pods_csv: &Path, seed: u64) -> Result<Vec<Request>, String> {
+    let text = std::fs::read_to_string(pods_csv)
+        .map_err(|e| format!("cannot read {}: {e}", pods_csv.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| format!("{}: no column \"{name}\"", pods_csv.display()))
+    };
+    let (cn, cm, cc, cd) = (
+        col("num_gpu")?,
+        col("gpu_milli")?,
+        col("creation_time")?,
+        col("deletion_time")?,
+    );
+    let mut raw: Vec<(i64, Option<i64>, i64, i64)> = Vec::new();
+    for line in lines.filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        let num: i64 = f.get(cn).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        if num == 0 {
+            continue;
+        }
+        let milli: i64 = f
+            .get(cm)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(1000);
+        let created: i64 = f.get(cc).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        let deleted: Option<i64> = f
+            .get(cd)
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&d| d > created);
+        raw.push((created, deleted, num, milli));
+    }
+    let known: Vec<i64> = raw.iter().filter_map(|r| r.1.map(|d| d - r.0)).collect();
+    let mean = if known.is_empty() {
+        3600.0
+    } else {
+        known.iter().sum::<i64>() as f64 / known.len() as f64
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for (created, deleted, num, milli) in raw {
+        let depart = deleted.unwrap_or_else(|| {
+            let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+            created + (-u.ln() * mean).max(1.0) as i64
+        });
+        let (profile, count) = if num == 1 {
+            (profile_for(milli), 1)
+        } else {
+            ("7g.80gb", num)
+        };
+        for _ in 0..count {
+            // A random tie-break among equal arrival times, by seed.
+            let jitter: u32 = rng.gen();
+            out.push((
+                created,
+                jitter,
+                Request {
+                    arrive: created,
+                    depart,
+                    profile,
+                },
+            ));
+        }
+    }
+    out.sort_by_key(|(t, j, _)| (*t, *j));
+    Ok(out.into_iter().map(|(_, _, r)| r).collect())
+}
+
+/// One policy's outcome over the stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigResult {
+    pub policy: String,
+    pub gpus: usize,
+    pub requests: usize,
+    pub accepted: usize,
+    pub acceptance_pct: f64,
+    /// Mean over arrivals of the fleet's stranded memory slices.
+    pub mean_stranded_slices: f64,
+}
+
+/// Replays the stream on `gpus` H100-80GB under `policy`.
+pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
+    let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
+    let mut fleet: Vec<MigGpu> = (0..gpus)
+        .map(|_| MigGpu {
+            model,
+            bookings: Vec::new(),
+        })
+        .collect();
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for r in requests {
+        *counts.entry(r.profile).or_default() += 1;
+    }
+    let mix = ProfileMix(
+        counts
+            .iter()
+            .map(|(p, n)| (p.to_string(), *n as f64 / requests.len().max(1) as f64))
+            .collect(),
+    );
+    let mut accepted = 0;
+    let mut stranded_sum = 0.0;
+    for (k, r) in requests.iter().enumerate() {
+        for g in fleet.iter_mut() {
+            g.bookings.retain(|b| b.window.end > r.arrive);
+        }
+        let w = Window {
+            start: r.arrive,
+            end: r.depart.max(r.arrive + 1),
+        };
+        if let Ok((i, pl)) = place(&fleet, r.profile, None, w, policy, &mix) {
+            let pid = model.profile(r.profile).map(|p| p.nvml_id).unwrap_or(0);
+            fleet[i].bookings.push(Booked {
+                profile_id: pid,
+                placement: pl,
+                window: w,
+            });
+            accepted += 1;
+        }
+        // Sample stranding every 50 arrivals (it costs a pass over the fleet).
+        if k % 50 == 0 {
+            let s: u32 = fleet
+                .iter()
+                .map(|g| {
+                    let present: Vec<_> = g
+                        .bookings
+                        .iter()
+                        .map(|b| crate::gpu::mig::Existing {
+                            profile_id: b.profile_id,
+                            placement: b.placement,
+                        })
+                        .collect();
+                    stranded_slices(model, &present, &mix)
+                })
+                .sum();
+            stranded_sum += f64::from(s);
+        }
+    }
+    let samples = requests.len().div_ceil(50).max(1) as f64;
+    MigResult {
+        policy: policy.name().to_string(),
+        gpus,
+        requests: requests.len(),
+        accepted,
+        acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
+        mean_stranded_slices: stranded_sum / samples,
+    }
+}
