@@ -32,6 +32,13 @@ async fn workers_register_gpus_and_the_fleet_page_draws_slices() {
         .unwrap();
     n1.create_instance(&h100, 9, Placement { start: 4, size: 4 })
         .unwrap();
+    // The second H100: a 3g at 0 and a 1g at 6 leave slice 7 that no
+    // profile can use (1g may not start at 7; 1g.20gb needs 6 and 7).
+    let second = n1.inventory().unwrap()[1].uuid.clone();
+    n1.create_instance(&second, 9, Placement { start: 0, size: 4 })
+        .unwrap();
+    n1.create_instance(&second, 19, Placement { start: 6, size: 1 })
+        .unwrap();
     report(&app, &n1).await;
     report(&app, &n2).await;
 
@@ -67,6 +74,24 @@ async fn workers_register_gpus_and_the_fleet_page_draws_slices() {
     assert!(page.contains("3g.40gb at memory slices 4–7"));
     assert!(page.contains("memory slice 0: free"));
     assert!(page.contains("A30-24GB") && page.contains("0 / 4 used"));
+    assert!(
+        page.contains("5 / 8 used · <span class=\"error\">1 stranded</span>"),
+        "the stranded slice is shown: {page}"
+    );
+    let metrics = reqwest::get(app.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "gpuslice_mig_stranded_slices{node=\"gpu-node-1\",gpu=\"1\",model=\"H100-80GB\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics
+        .contains("gpuslice_mig_free_slices{node=\"gpu-node-1\",gpu=\"0\",model=\"H100-80GB\"} 3"));
     // htmx gets the table alone.
     let fragment = admin
         .get(app.url("/admin/fleet"))

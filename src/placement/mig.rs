@@ -203,6 +203,38 @@ pub fn place(
     })
 }
 
+/// A GPU's model and its instances (profile id, start, size), sorted.
+type StateKey<'a> = (&'a str, Vec<(u32, u8, u8)>);
+
+/// Until tenants' own requests say otherwise: every profile without media
+/// extensions, equally likely.
+pub fn default_mix(model: &Model) -> ProfileMix {
+    let names: Vec<&Profile> = model
+        .profiles
+        .iter()
+        .filter(|p| !p.media_extensions)
+        .collect();
+    let w = 1.0 / names.len().max(1) as f64;
+    ProfileMix(names.iter().map(|p| (p.name.clone(), w)).collect())
+}
+
+/// Stranded slices of a GPU from its instances as (profile name, start).
+pub fn stranded_for(model: &Model, instances: &[(String, u8)], mix: &ProfileMix) -> u32 {
+    let present: Vec<Existing> = instances
+        .iter()
+        .filter_map(|(name, start)| {
+            model.profile(name).map(|p| Existing {
+                profile_id: p.nvml_id,
+                placement: Placement {
+                    start: *start,
+                    size: p.memory_slices,
+                },
+            })
+        })
+        .collect();
+    stranded_slices(model, &present, mix)
+}
+
 fn best_slot(
     gpus: &[MigGpu],
     profile: &str,
@@ -216,8 +248,7 @@ fn best_slot(
     let mut best: Option<Ranked> = None;
     // GPUs in the same state rank alike, and the first of them wins ties:
     // evaluate each distinct state once.
-    let mut seen: std::collections::HashSet<(&str, Vec<(u32, u8, u8)>)> =
-        std::collections::HashSet::new();
+    let mut seen: std::collections::HashSet<StateKey> = std::collections::HashSet::new();
     for (i, g) in gpus.iter().enumerate() {
         if model.is_some_and(|m| g.model.id != m) {
             continue;

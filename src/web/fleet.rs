@@ -32,7 +32,41 @@ pub struct GpuView {
     pub slices: u32,
     pub blocks: Vec<Block>,
     pub used_slices: u32,
+    /// Free memory slices no profile of the mix can use (fragmentation).
+    pub stranded: u32,
     pub stale: bool,
+}
+
+/// Free and stranded memory slices of a GPU as the fleet page and
+/// `/metrics` report them (MIG GPUs only; zeros otherwise).
+pub fn slice_use(gpu: &Gpu) -> (u32, u32) {
+    let Some(model) = catalog::model(&gpu.model).filter(|m| m.mig_capable() && gpu.mig_current)
+    else {
+        return (0, 0);
+    };
+    let instances: Vec<(String, u8)> = gpu
+        .instances
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            (
+                i["profile"].as_str().unwrap_or("").to_string(),
+                i["start"].as_u64().unwrap_or(0) as u8,
+            )
+        })
+        .collect();
+    let used: u32 = instances
+        .iter()
+        .filter_map(|(n, _)| model.profile(n).map(|p| u32::from(p.memory_slices)))
+        .sum();
+    let free = u32::from(model.memory_slices).saturating_sub(used);
+    let stranded = crate::placement::mig::stranded_for(
+        model,
+        &instances,
+        &crate::placement::mig::default_mix(model),
+    );
+    (free, stranded)
 }
 
 const SLICE_PX: u32 = 44;
@@ -75,11 +109,13 @@ fn view(gpu: Gpu) -> GpuView {
     }
     let used_slices = taken.iter().filter(|t| **t).count() as u32;
     let stale = !gpu.healthy;
+    let (_, stranded) = slice_use(&gpu);
     GpuView {
         gpu,
         slices,
         blocks,
         used_slices,
+        stranded,
         stale,
     }
 }
@@ -88,6 +124,8 @@ fn view(gpu: Gpu) -> GpuView {
 #[template(path = "admin/fleet.html")]
 pub struct FleetPage {
     ctx: PageCtx,
+    free_slices: u32,
+    stranded_slices: u32,
     gpus: Vec<GpuView>,
     slice_px: u32,
     csrf: String,
@@ -123,7 +161,13 @@ pub async fn fleet(
         }
         .into_response());
     }
+    let (free_slices, stranded_slices) = gpus.iter().fold((0, 0), |(f, s), v| {
+        let (vf, vs) = slice_use(&v.gpu);
+        (f + vf, s + vs)
+    });
     Ok(FleetPage {
+        free_slices,
+        stranded_slices,
         csrf: ctx.csrf.clone(),
         ctx,
         gpus,

@@ -149,6 +149,32 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     let _ = writeln!(body, "# TYPE gpuslice_db_pool_connections gauge");
     let _ = writeln!(body, "gpuslice_db_pool_connections {}", pool.size());
+    // Fragmentation, the product's headline: free MIG memory slices and
+    // those no profile can use.
+    if let Ok(gpus) = db::fleet::list(pool).await {
+        let mut free_lines = String::new();
+        let mut stranded_lines = String::new();
+        for g in gpus.iter().filter(|g| g.mig_current) {
+            let (free, stranded) = super::fleet::slice_use(g);
+            let labels = format!(
+                "node=\"{}\",gpu=\"{}\",model=\"{}\"",
+                escape(&g.node),
+                g.idx,
+                escape(&g.model)
+            );
+            let _ = writeln!(free_lines, "gpuslice_mig_free_slices{{{labels}}} {free}");
+            let _ = writeln!(
+                stranded_lines,
+                "gpuslice_mig_stranded_slices{{{labels}}} {stranded}"
+            );
+        }
+        body.push_str("# HELP gpuslice_mig_free_slices Free MIG memory slices per GPU.\n");
+        body.push_str("# TYPE gpuslice_mig_free_slices gauge\n");
+        body.push_str(&free_lines);
+        body.push_str("# HELP gpuslice_mig_stranded_slices Free MIG memory slices that no profile can use, per GPU.\n");
+        body.push_str("# TYPE gpuslice_mig_stranded_slices gauge\n");
+        body.push_str(&stranded_lines);
+    }
     (
         [(
             header::CONTENT_TYPE,
