@@ -126,6 +126,17 @@ pub struct GpuArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Decision latency of MIG placement on a large, loaded fleet.
+    Latency {
+        #[arg(long, default_value_t = 10_000)]
+        gpus: usize,
+        #[arg(long, default_value_t = 100_000)]
+        bookings: usize,
+        #[arg(long, default_value_t = 2_000)]
+        decisions: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// MIG benchmark: H100-80GB fleet, request stream from the trace's pods.
     Mig {
         /// Pod list CSV with creation_time and deletion_time.
@@ -318,6 +329,12 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             seeds,
             json,
         } => return bench_mig(pods, *gpus, seeds, *json),
+        BenchCommand::Latency {
+            gpus,
+            bookings,
+            decisions,
+            json,
+        } => return bench_latency(*gpus, *bookings, *decisions, *json),
         BenchCommand::Replay {
             nodes,
             pods,
@@ -366,6 +383,24 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             serde_json::to_string_pretty(&results)?
         };
         println!("{out}");
+    }
+    Ok(())
+}
+
+fn bench_latency(gpus: usize, bookings: usize, decisions: usize, json: bool) -> Result<()> {
+    if gpus == 0 || decisions == 0 {
+        bail!("--gpus and --decisions must be at least 1");
+    }
+    let results = crate::bench::latency::run(gpus, bookings, decisions, 42);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        for r in results {
+            println!(
+                "{:<10} {} GPUs, {} bookings: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs over {} decisions",
+                r.policy, r.gpus, r.bookings, r.p50_us, r.p99_us, r.max_us, r.decisions
+            );
+        }
     }
     Ok(())
 }

@@ -113,3 +113,64 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent.csv"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn latency_and_mig_benchmarks_run_small() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args([
+            "bench",
+            "latency",
+            "--gpus",
+            "50",
+            "--bookings",
+            "300",
+            "--decisions",
+            "20",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r["bookings"].as_u64().unwrap() > 200
+        && r["p99_us"].as_f64().unwrap() >= r["p50_us"].as_f64().unwrap()));
+
+    let dir = std::env::temp_dir().join(format!("gpuslice-migbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pods = dir.join("pods.csv");
+    let mut p = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n");
+    for i in 0..300 {
+        let (num, milli) = [(1, 100), (1, 300), (1, 500), (1, 1000), (2, 1000)][i % 5];
+        p += &format!(
+            "pod-{i},4000,8192,{num},{milli},,LS,Running,{},{},0\n",
+            i * 60,
+            i * 60 + 3600 * (1 + i % 3)
+        );
+    }
+    std::fs::write(&pods, p).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["bench", "mig", "--gpus", "4", "--json", "--pods"])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        let r = &r["result"];
+        assert_eq!(r["requests"], 360, "300 tasks, 60 of them two GPUs");
+        assert!(r["accepted"].as_u64().unwrap() <= 360);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,4 +1,5 @@
 //! Benchmarks that run from the command line (`gpuslice bench ...`).
 
+pub mod latency;
 pub mod mig;
 pub mod replay;
