@@ -203,8 +203,51 @@ pub fn place(
     })
 }
 
-/// A GPU's model and its instances (profile id, start, size), sorted.
-type StateKey<'a> = (&'a str, Vec<(u32, u8, u8)>);
+/// A fast hasher for state keys (numbers and short model ids): the
+/// default SipHash costs more than the rest of a GPU's evaluation.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = (self.0.rotate_left(5) ^ (v as u64) ^ ((v >> 64) as u64))
+            .wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// A GPU's model and its instances in the window, packed (see [`state_key`]).
+type StateKey<'a> = (&'a str, u128);
+
+/// The instances of a GPU that overlap `window`, as one sortable number
+/// without allocating: each instance is (profile id, start) in 12 bits, at
+/// most 8 of them (one per memory slice), sorted. Decisions scan every GPU,
+/// so this is the hot path.
+fn state_key(g: &MigGpu, window: Window) -> u128 {
+    let mut items = [0u16; 8];
+    let mut n = 0;
+    for b in g.bookings.iter().filter(|b| b.window.overlaps(window)) {
+        if n == items.len() {
+            break;
+        }
+        items[n] = ((b.profile_id as u16 & 0xff) << 4) | u16::from(b.placement.start & 0xf);
+        n += 1;
+    }
+    items[..n].sort_unstable();
+    items
+        .iter()
+        .take(n)
+        .fold(n as u128, |k, &i| (k << 12) | u128::from(i))
+}
 
 /// Until tenants' own requests say otherwise: every profile without media
 /// extensions, equally likely.
@@ -248,7 +291,8 @@ fn best_slot(
     let mut best: Option<Ranked> = None;
     // GPUs in the same state rank alike, and the first of them wins ties:
     // evaluate each distinct state once.
-    let mut seen: std::collections::HashSet<StateKey> = std::collections::HashSet::new();
+    let mut seen: std::collections::HashSet<StateKey, std::hash::BuildHasherDefault<KeyHasher>> =
+        std::collections::HashSet::default();
     for (i, g) in gpus.iter().enumerate() {
         if model.is_some_and(|m| g.model.id != m) {
             continue;
@@ -256,15 +300,10 @@ fn best_slot(
         let Some(p) = g.model.profile(profile) else {
             continue;
         };
-        let present = g.present(window);
-        let mut key: Vec<(u32, u8, u8)> = present
-            .iter()
-            .map(|e| (e.profile_id, e.placement.start, e.placement.size))
-            .collect();
-        key.sort_unstable();
-        if policy != MigPolicy::FirstFit && !seen.insert((g.model.id, key)) {
+        if policy != MigPolicy::FirstFit && !seen.insert((g.model.id, state_key(g, window))) {
             continue;
         }
+        let present = g.present(window);
         let free = mig::free_placements(g.model, &present, p.nvml_id);
         if free.is_empty() {
             continue;
