@@ -198,6 +198,28 @@ unsafe fn write_str(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
     SUCCESS
 }
 
+/// NVML's list convention: `count` in is the room in `out`, out is how many
+/// there are; too little room (or no buffer) is INSUFFICIENT_SIZE unless
+/// there is nothing to list.
+unsafe fn fill(
+    handles: &[*mut std::ffi::c_void],
+    out: *mut *mut std::ffi::c_void,
+    count: *mut c_uint,
+) -> Ret {
+    let room = *count as usize;
+    *count = handles.len() as c_uint;
+    if handles.is_empty() {
+        return SUCCESS;
+    }
+    if out.is_null() || room < handles.len() {
+        return INSUFFICIENT_SIZE;
+    }
+    for (i, h) in handles.iter().enumerate() {
+        *out.add(i) = *h;
+    }
+    SUCCESS
+}
+
 /// The compute-instance profile that spans a GPU instance of `slices`.
 fn ci_profile_for(slices: u8) -> u32 {
     match slices {
@@ -797,19 +819,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
             .filter(|x| x.profile_id == profile_id)
             .map(|x| x.id)
             .collect();
-        if (*count as usize) < ids.len() || gis.is_null() {
-            *count = ids.len() as c_uint;
-            return if ids.is_empty() {
-                SUCCESS
-            } else {
-                INSUFFICIENT_SIZE
-            };
-        }
-        for (i, id) in ids.iter().enumerate() {
-            *gis.add(i) = handle(TAG_GI, gidx, *id, 0);
-        }
-        *count = ids.len() as c_uint;
-        SUCCESS
+        let handles: Vec<_> = ids.iter().map(|&id| handle(TAG_GI, gidx, id, 0)).collect();
+        fill(&handles, gis, count)
     })
 }
 
@@ -994,19 +1005,11 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
             .filter(|c| c.profile_id == profile_id)
             .map(|c| c.id)
             .collect();
-        if (*count as usize) < ids.len() || cis.is_null() {
-            *count = ids.len() as c_uint;
-            return if ids.is_empty() {
-                SUCCESS
-            } else {
-                INSUFFICIENT_SIZE
-            };
-        }
-        for (i, cid) in ids.iter().enumerate() {
-            *cis.add(i) = handle(TAG_CI, gidx, id, *cid);
-        }
-        *count = ids.len() as c_uint;
-        SUCCESS
+        let handles: Vec<_> = ids
+            .iter()
+            .map(|&cid| handle(TAG_CI, gidx, id, cid))
+            .collect();
+        fill(&handles, cis, count)
     })
 }
 
