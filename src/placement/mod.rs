@@ -7,5 +7,11 @@
 //! (Weng et al., USENIX ATC '23) and the policies the replay benchmark
 //! compares.
 
+//! [`mig`] places MIG bookings over time (allowed placements, no overlap
+//! in space and time, earliest start on refusal) and measures stranded
+//! slices; [`shares`] does the same for time-sliced shares, whole GPUs and
+//! several GPUs on one node.
+
 pub mod cluster;
 pub mod mig;
+pub mod shares;
