@@ -96,20 +96,70 @@ pub struct Refusal {
     pub earliest_start: Option<i64>,
 }
 
+/// A GPU state as bits: occupied memory slices, compute slices in use,
+/// and how many instances of each profile id exist.
+struct Bits {
+    occupied: u16,
+    compute: u8,
+    counts: [u8; 32],
+    media: bool,
+}
+
+impl Bits {
+    fn of(model: &Model, present: &[Existing]) -> Bits {
+        let mut b = Bits {
+            occupied: 0,
+            compute: 0,
+            counts: [0; 32],
+            media: false,
+        };
+        for e in present {
+            b.occupied |= mask(e.placement);
+            if let Some(p) = model.profile_by_id(e.profile_id) {
+                b.compute += p.compute_slices;
+                b.media |= p.media_extensions;
+            }
+            if let Some(c) = b.counts.get_mut(e.profile_id as usize) {
+                *c += 1;
+            }
+        }
+        b
+    }
+}
+
+fn mask(p: Placement) -> u16 {
+    ((1u16 << p.size) - 1) << p.start
+}
+
 /// How many more instances of `profile` fit, placing greedily from the
-/// lowest placement (NVML's remaining-capacity view).
-fn capacity(model: &Model, present: &[Existing], profile: &Profile) -> u32 {
-    let mut ex = present.to_vec();
-    let mut n = 0;
-    while let Some(p) = mig::free_placements(model, &ex, profile.nvml_id)
-        .first()
+/// lowest placement — what repeatedly taking the first free placement of
+/// [`mig::free_placements`] gives, computed on bit masks because scoring
+/// runs it for every candidate of every distinct GPU state.
+fn capacity(model: &Model, bits: &Bits, profile: &Profile) -> u32 {
+    if profile.media_extensions && bits.media {
+        return 0;
+    }
+    let mut occupied = bits.occupied;
+    let mut compute = bits.compute;
+    let mut count = bits
+        .counts
+        .get(profile.nvml_id as usize)
         .copied()
-    {
-        ex.push(Existing {
-            profile_id: profile.nvml_id,
-            placement: p,
-        });
-        n += 1;
+        .unwrap_or(0);
+    let mut n = 0;
+    for pl in profile.placements() {
+        if count >= profile.max_count || compute + profile.compute_slices > model.compute_slices {
+            break;
+        }
+        if occupied & mask(pl) == 0 {
+            occupied |= mask(pl);
+            compute += profile.compute_slices;
+            count += 1;
+            n += 1;
+            if profile.media_extensions {
+                break;
+            }
+        }
     }
     n
 }
@@ -117,10 +167,11 @@ fn capacity(model: &Model, present: &[Existing], profile: &Profile) -> u32 {
 /// The mix-weighted capacity of a GPU state, in memory slices: how much of
 /// what tenants ask for still fits.
 pub fn mix_capacity(model: &Model, present: &[Existing], mix: &ProfileMix) -> f64 {
+    let bits = Bits::of(model, present);
     mix.0
         .iter()
         .filter_map(|(name, w)| model.profile(name).map(|p| (p, *w)))
-        .map(|(p, w)| w * f64::from(capacity(model, present, p) * u32::from(p.memory_slices)))
+        .map(|(p, w)| w * f64::from(capacity(model, &bits, p) * u32::from(p.memory_slices)))
         .sum()
 }
 
@@ -458,6 +509,30 @@ mod tests {
     }
 
     proptest! {
+        /// The bit-mask capacity equals taking the first free placement of
+        /// NVIDIA's rules again and again.
+        #[test]
+        fn bit_capacity_matches_the_rule_book(ops in proptest::collection::vec((0usize..7, 0u8..8), 0..12)) {
+            let m = model("H100-80GB").unwrap();
+            let mut present: Vec<Existing> = Vec::new();
+            for (pi, start) in ops {
+                let p = &m.profiles[pi];
+                let pl = Placement { start, size: p.memory_slices };
+                if mig::check_create(m, &present, p.nvml_id, pl).is_ok() {
+                    present.push(Existing { profile_id: p.nvml_id, placement: pl });
+                }
+            }
+            for p in &m.profiles {
+                let mut ex = present.clone();
+                let mut slow = 0;
+                while let Some(pl) = mig::free_placements(m, &ex, p.nvml_id).first().copied() {
+                    ex.push(Existing { profile_id: p.nvml_id, placement: pl });
+                    slow += 1;
+                }
+                prop_assert_eq!(capacity(m, &Bits::of(m, &present), p), slow, "{}", p.name);
+            }
+        }
+
         /// Whatever arrives, a returned placement is one NVIDIA allows and
         /// never overlaps a booking that overlaps it in time.
         #[test]
