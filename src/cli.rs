@@ -667,7 +667,7 @@ pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
     let mut tx = pool.begin().await?;
     let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
         Ok(id) => id,
-        Err(e) if web::admin::is_unique_violation(&e, "tenants_slug_key") => {
+        Err(e) if db::is_unique_violation(&e, "tenants_slug_key") => {
             bail!("a tenant with slug \"{slug}\" already exists")
         }
         Err(e) => return Err(e.into()),
@@ -708,7 +708,7 @@ pub async fn user_add(pool: &PgPool, args: &UserAddArgs, password: &str) -> Resu
     let mut tx = pool.begin().await?;
     let id = match db::users::insert(&mut *tx, &email, &name, &hash, role).await {
         Ok(id) => id,
-        Err(e) if web::admin::is_unique_violation(&e, "users_email_key") => {
+        Err(e) if db::is_unique_violation(&e, "users_email_key") => {
             bail!("a user with e-mail {email} already exists")
         }
         Err(e) => return Err(e.into()),

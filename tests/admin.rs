@@ -136,11 +136,9 @@ async fn bad_quota_values_get_a_message_per_field_and_change_nothing() {
         "the form keeps what was typed"
     );
     assert_eq!(quota_row(&app, id).await, before, "nothing was saved");
-    let n: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'tenant.updated'")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+    let n: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'tenant.updated'")
+        .await;
     assert_eq!(n, 0);
 }
 
@@ -207,13 +205,8 @@ async fn a_quota_edit_waits_for_the_tenant_row_lock() {
     // The edit's own `SELECT ... FOR UPDATE` queues behind the held lock.
     let mut waiting = false;
     for _ in 0..200 {
-        waiting = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                            WHERE wait_event_type = 'Lock' AND query LIKE '%FROM tenants WHERE id = $1 FOR UPDATE%')",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+        waiting = app.one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE wait_event_type = 'Lock' AND query LIKE '%FROM tenants WHERE id = $1 FOR UPDATE%')").await;
         if waiting || edit.is_finished() {
             break;
         }
@@ -274,10 +267,7 @@ async fn admin_manages_users_and_memberships() {
         )
         .await;
     assert!(r.text().await.unwrap().contains("too common"));
-    let users: i64 = sqlx::query_scalar("SELECT count(*) FROM users")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let users: i64 = app.one("SELECT count(*) FROM users").await;
     assert_eq!(users, 1);
 
     let r = app
@@ -294,10 +284,9 @@ async fn admin_manages_users_and_memberships() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let uid: i64 = sqlx::query_scalar("SELECT id FROM users WHERE email = 'sam@uni.edu'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let uid: i64 = app
+        .one("SELECT id FROM users WHERE email = 'sam@uni.edu'")
+        .await;
     let page = format!("/admin/users/{uid}");
     let r = app
         .post_form(
@@ -345,10 +334,9 @@ async fn admin_manages_users_and_memberships() {
         .await;
     assert!(r.text().await.unwrap().contains("already has an account"));
     // An admin cannot lock themselves out.
-    let me: i64 = sqlx::query_scalar("SELECT id FROM users WHERE email = 'admin@uni.edu'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let me: i64 = app
+        .one("SELECT id FROM users WHERE email = 'admin@uni.edu'")
+        .await;
     let r = app
         .post_form(
             &admin,
@@ -402,10 +390,7 @@ async fn archived_tenants_are_marked_and_restorable() {
         .post_form(&admin, &page, &format!("{page}/archive"), &[])
         .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let archived: bool = sqlx::query_scalar("SELECT archived FROM tenants")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let archived: bool = app.one("SELECT archived FROM tenants").await;
     assert!(archived);
     let body = admin
         .get(app.url(&page))
@@ -418,9 +403,6 @@ async fn archived_tenants_are_marked_and_restorable() {
     assert!(body.contains("Restore"));
     app.post_form(&admin, &page, &format!("{page}/restore"), &[])
         .await;
-    let archived: bool = sqlx::query_scalar("SELECT archived FROM tenants")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let archived: bool = app.one("SELECT archived FROM tenants").await;
     assert!(!archived);
 }

@@ -27,11 +27,9 @@ async fn sign_in_succeeds_and_shows_the_dashboard() {
         body.contains("Tenant vision-lab"),
         "dashboard lists the tenant"
     );
-    let n: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.succeeded'")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+    let n: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'login.succeeded'")
+        .await;
     assert_eq!(n, 1);
 }
 
@@ -92,11 +90,9 @@ async fn unknown_user_and_wrong_password_get_the_same_answer() {
     let unknown = strip(unknown.text().await.unwrap()).replace("bob@uni.edu", "EMAIL");
     assert_eq!(wrong, unknown);
     assert!(wrong.contains("do not match an account"));
-    let failed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+    let failed: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
+        .await;
     assert_eq!(failed, 2);
 }
 
@@ -328,10 +324,7 @@ async fn a_post_without_the_csrf_token_changes_nothing() {
         StatusCode::OK
     );
 
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tenants")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let n: i64 = app.one("SELECT count(*) FROM tenants").await;
     assert_eq!(n, 0, "no forged request created a tenant");
 
     // With the token, from the site itself, it works; htmx's header works too.
@@ -460,10 +453,7 @@ async fn api_tokens_work_for_the_api_and_can_be_revoked() {
         .collect();
     assert_eq!(slugs, ["vision-lab"], "no other tenant's data");
     // Only the hash is stored.
-    let stored: String = sqlx::query_scalar("SELECT token_hash FROM api_tokens")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let stored: String = app.one("SELECT token_hash FROM api_tokens").await;
     assert_ne!(stored, token);
     assert!(!stored.contains(&token[4..]));
 
@@ -476,10 +466,7 @@ async fn api_tokens_work_for_the_api_and_can_be_revoked() {
         .await
         .unwrap();
     assert!(!list.contains(&token), "never shown again");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let id: i64 = app.one("SELECT id FROM api_tokens").await;
     let r = app
         .post_form(
             &sam,
@@ -509,10 +496,7 @@ async fn a_token_cannot_be_revoked_by_someone_else() {
     gpuslice::cli::token_create(&app.pool, "sam@uni.edu", "laptop")
         .await
         .unwrap();
-    let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let id: i64 = app.one("SELECT id FROM api_tokens").await;
     let eve = app.signed_in("eve@uni.edu").await;
     let r = app
         .post_form(
@@ -523,10 +507,9 @@ async fn a_token_cannot_be_revoked_by_someone_else() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    let revoked: bool = sqlx::query_scalar("SELECT revoked_at IS NOT NULL FROM api_tokens")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let revoked: bool = app
+        .one("SELECT revoked_at IS NOT NULL FROM api_tokens")
+        .await;
     assert!(!revoked);
 }
 
@@ -570,9 +553,6 @@ async fn sessions_end_after_their_absolute_lifetime() {
         .to_str()
         .unwrap()
         .starts_with("/login"));
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_sessions.session")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let n: i64 = app.one("SELECT count(*) FROM tower_sessions.session").await;
     assert_eq!(n, 0, "the expired session was deleted on the server");
 }

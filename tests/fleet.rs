@@ -114,10 +114,7 @@ async fn drain_survives_heartbeats_and_unseen_gpus_turn_unhealthy() {
     let fleet = Fleet::demo();
     let n2 = Arc::new(SimBackend::open(&fleet, "gpu-node-2", None).unwrap());
     report(&app, &n2).await;
-    let id: i64 = sqlx::query_scalar("SELECT id FROM gpus WHERE idx = 0")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let id: i64 = app.one("SELECT id FROM gpus WHERE idx = 0").await;
 
     let sam = app.signed_in("sam@uni.edu").await;
     assert_eq!(
@@ -191,10 +188,9 @@ async fn drain_survives_heartbeats_and_unseen_gpus_turn_unhealthy() {
         .await
         .unwrap();
     assert!(page.contains("unhealthy"));
-    let audit: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action LIKE 'gpu.%'")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
+    let audit: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action LIKE 'gpu.%'")
+        .await;
     assert_eq!(audit, 2);
 }
 
@@ -245,11 +241,9 @@ async fn an_empty_gpu_switches_mode_through_its_worker() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::CONFLICT);
-    let requests: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM gpus WHERE requested_mode IS NOT NULL")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
+    let requests: i64 = app
+        .one("SELECT count(*) FROM gpus WHERE requested_mode IS NOT NULL")
+        .await;
     assert_eq!(requests, 0, "refusals changed nothing");
 
     // The empty H100 switches at its worker's next report.

@@ -349,6 +349,14 @@ fn nvml_backend_manages_only_the_gpus_it_is_told_to() {
         b.create_instance(&all[1].uuid, 19, pl(0, 1)).is_err(),
         "an unmanaged GPU is left alone"
     );
+    let lib = standin_copy();
+    let err = NvmlBackend::open(Some(&lib), Some(vec!["GPU-nope".into()]), false)
+        .err()
+        .unwrap();
+    assert!(
+        err.contains("\"GPU-nope\", which is no GPU on this node"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -185,12 +185,11 @@ fn admin_posts(w: &World) -> Vec<(String, Vec<(&'static str, String)>)> {
 }
 
 async fn changes(w: &World) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM audit_log WHERE action NOT LIKE 'login.%' AND action <> 'logout'",
-    )
-    .fetch_one(&w.app.pool)
-    .await
-    .unwrap()
+    w.app
+        .one(
+            "SELECT count(*) FROM audit_log WHERE action NOT LIKE 'login.%' AND action <> 'logout'",
+        )
+        .await
 }
 
 #[tokio::test]

@@ -97,3 +97,9 @@ pub async fn sessions_cleanup(pool: &PgPool) -> sqlx::Result<()> {
         .await?;
     Ok(())
 }
+
+/// Whether `e` is a unique violation of the named constraint (callers turn
+/// it into a field message or a sentence).
+pub fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation() && d.constraint() == Some(constraint))
+}

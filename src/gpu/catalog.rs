@@ -390,6 +390,23 @@ pub fn model_for_product(product: &str, total_memory_gib: f64) -> Option<&'stati
 mod tests {
     use super::*;
 
+    /// A model's profiles as mig.md's table rows: (id, compute, memory,
+    /// max, starts).
+    fn table_rows(m: &Model) -> Vec<(u32, u8, u8, u8, Vec<u8>)> {
+        m.profiles
+            .iter()
+            .map(|p| {
+                (
+                    p.nvml_id,
+                    p.compute_slices,
+                    p.memory_slices,
+                    p.max_count,
+                    p.starts.clone(),
+                )
+            })
+            .collect()
+    }
+
     #[test]
     fn every_model_of_the_contract_is_there() {
         for id in [
@@ -416,19 +433,7 @@ mod tests {
     #[test]
     fn eight_slice_profiles_match_mig_md() {
         let h100 = model("H100-80GB").unwrap();
-        let rows: Vec<_> = h100
-            .profiles
-            .iter()
-            .map(|p| {
-                (
-                    p.nvml_id,
-                    p.compute_slices,
-                    p.memory_slices,
-                    p.max_count,
-                    p.starts.clone(),
-                )
-            })
-            .collect();
+        let rows = table_rows(h100);
         assert_eq!(
             rows,
             vec![
@@ -498,19 +503,7 @@ mod tests {
     fn a30_matches_mig_md() {
         let a30 = model("A30-24GB").unwrap();
         assert_eq!((a30.memory_slices, a30.compute_slices), (4, 4));
-        let rows: Vec<_> = a30
-            .profiles
-            .iter()
-            .map(|p| {
-                (
-                    p.nvml_id,
-                    p.compute_slices,
-                    p.memory_slices,
-                    p.max_count,
-                    p.starts.clone(),
-                )
-            })
-            .collect();
+        let rows = table_rows(a30);
         assert_eq!(
             rows,
             vec![

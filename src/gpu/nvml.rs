@@ -33,8 +33,8 @@ const NOT_SUPPORTED: u32 = 3;
 /// The GPUs of this node as NVML sees them.
 pub struct NvmlBackend {
     nvml: Nvml,
-    /// GPU uuids or indexes to manage; `None`: all.
-    managed: Option<Vec<String>>,
+    /// The uuids of the GPUs to manage, resolved once at start; `None`: all.
+    managed: Option<std::collections::HashSet<String>>,
     allow_mode_change: bool,
 }
 
@@ -50,6 +50,34 @@ fn ci_profile_enum(slices: u8) -> u32 {
         8 => 5,
         _ => 6,
     }
+}
+
+/// Turns the configured GPU list (uuids or indexes) into uuids; a name
+/// that matches no GPU here is a configuration error.
+fn resolve_managed(
+    nvml: &Nvml,
+    names: &[String],
+) -> Result<std::collections::HashSet<String>, String> {
+    let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
+    let mut gpus = Vec::new();
+    for i in 0..count {
+        let uuid = nvml
+            .device_by_index(i)
+            .and_then(|d| d.uuid())
+            .map_err(|e| format!("NVML: GPU {i}: {e}"))?;
+        gpus.push((i.to_string(), uuid));
+    }
+    names
+        .iter()
+        .map(|n| {
+            gpus.iter()
+                .find(|(i, u)| i == n || u == n)
+                .map(|(_, u)| u.clone())
+                .ok_or_else(|| {
+                    format!("GPUSLICE_NVML_GPUS names \"{n}\", which is no GPU on this node")
+                })
+        })
+        .collect()
 }
 
 impl NvmlBackend {
@@ -70,6 +98,10 @@ impl NvmlBackend {
             ),
             other => format!("NVML did not initialise: {other}"),
         })?;
+        let managed = match managed {
+            None => None,
+            Some(names) => Some(resolve_managed(&nvml, &names)?),
+        };
         Ok(NvmlBackend {
             nvml,
             managed,
@@ -149,18 +181,17 @@ impl NvmlBackend {
         })
     }
 
-    fn managed(&self, g: &GpuInfo) -> bool {
-        self.managed
-            .as_ref()
-            .is_none_or(|m| m.iter().any(|x| *x == g.uuid || *x == g.index.to_string()))
+    fn managed(&self, uuid: &str) -> bool {
+        self.managed.as_ref().is_none_or(|m| m.contains(uuid))
     }
 
     /// Refuses GPUs this node was not told to manage.
     fn check_managed(&self, uuid: &str) -> Result<(), BackendError> {
-        if self.managed.is_some() && !self.inventory()?.iter().any(|g| g.uuid == uuid) {
-            return Err(BackendError::NoSuchGpu(uuid.to_string()));
+        if self.managed(uuid) {
+            Ok(())
+        } else {
+            Err(BackendError::NoSuchGpu(uuid.to_string()))
         }
-        Ok(())
     }
 
     /// (gi id, ci id) -> MIG device uuid, over the GPU's MIG devices.
@@ -339,7 +370,7 @@ impl GpuBackend for NvmlBackend {
                 Err(e) => return Err(BackendError::Driver(e.to_string())),
             };
             let info = self.info(i, &d)?;
-            if self.managed(&info) {
+            if self.managed(&info.uuid) {
                 out.push(info);
             }
         }

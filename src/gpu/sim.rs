@@ -226,7 +226,8 @@ impl SimBackend {
         Err(BackendError::NoSuchDevice(device_uuid.to_string()))
     }
 
-    fn pause(&self) -> Result<HashSet<String>, BackendError> {
+    /// Applies the injected delay; returns the GPUs now lost.
+    fn pause(&self) -> HashSet<String> {
         let (delay, lost) = {
             let f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
             (f.delay, f.lost.clone())
@@ -234,7 +235,7 @@ impl SimBackend {
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
-        Ok(lost)
+        lost
     }
 
     fn with_gpu<T>(
@@ -242,7 +243,7 @@ impl SimBackend {
         gpu_uuid: &str,
         f: impl FnOnce(&mut SimGpu) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
-        let lost = self.pause()?;
+        let lost = self.pause();
         if lost.contains(gpu_uuid) {
             return Err(BackendError::GpuLost(gpu_uuid.to_string()));
         }
@@ -294,7 +295,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
-        let lost = self.pause()?;
+        let lost = self.pause();
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         Ok(state
             .gpus
@@ -393,7 +394,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {
-        let lost = self.pause()?;
+        let lost = self.pause();
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for g in &state.gpus {
             if g.uuid == device_uuid {

@@ -304,15 +304,11 @@ pub struct Cluster {
     pub allocated_milli: i64,
 }
 
-/// One scored candidate.
+/// Where a task goes: a node and its GPUs there.
 #[derive(Clone, Copy)]
-struct Scored {
+struct Pick {
     node: usize,
     choice: Choice,
-    /// Higher is better.
-    score: f64,
-    /// Higher is better; only the default policy uses it.
-    tie: f64,
 }
 
 impl Cluster {
@@ -343,8 +339,9 @@ impl Cluster {
 
     /// The whole fleet's fragmentation, in milli-GPU.
     pub fn fragmentation(&mut self) -> f64 {
-        let states = self.nodes.clone();
-        states.iter().map(|s| self.frag(s)).sum()
+        (0..self.nodes.len())
+            .map(|i| self.frag(&self.nodes[i].clone()))
+            .sum()
     }
 
     /// Places `t` by `policy`; returns the node, or None when nothing fits.
@@ -360,7 +357,7 @@ impl Cluster {
         Some(best.node)
     }
 
-    fn first_fit(&self, t: &Task) -> Option<Scored> {
+    fn first_fit(&self, t: &Task) -> Option<Pick> {
         let node = self.nodes.iter().position(|s| s.fits(t))?;
         let s = &self.nodes[node];
         let choice = if t.is_share() {
@@ -368,15 +365,10 @@ impl Cluster {
         } else {
             s.exclusive_choice(t)
         };
-        Some(Scored {
-            node,
-            choice,
-            score: 0.0,
-            tie: 0.0,
-        })
+        Some(Pick { node, choice })
     }
 
-    fn best_fit(&self, t: &Task) -> Option<Scored> {
+    fn best_fit(&self, t: &Task) -> Option<Pick> {
         let mut raw: Vec<(usize, i64)> = Vec::new();
         for (i, s) in self.nodes.iter().enumerate() {
             if !s.fits(t) {
@@ -397,12 +389,8 @@ impl Cluster {
             }
         };
         let top = raw.iter().map(|r| norm(r.1)).max()?;
-        let ties: Vec<usize> = raw
-            .iter()
-            .filter(|r| norm(r.1) == top)
-            .map(|r| r.0)
-            .collect();
-        let node = ties[0];
+        // The first node among the best (see `by_fragmentation`).
+        let node = raw.iter().find(|r| norm(r.1) == top)?.0;
         let s = &self.nodes[node];
         let choice = if t.is_share() {
             // The fullest GPU that still fits (lowest index among equals).
@@ -416,18 +404,18 @@ impl Cluster {
         } else {
             s.exclusive_choice(t)
         };
-        Some(Scored {
-            node,
-            choice,
-            score: 0.0,
-            tie: 0.0,
-        })
+        Some(Pick { node, choice })
     }
 
-    fn by_fragmentation(&mut self, t: &Task, policy: Policy) -> Option<Scored> {
+    fn by_fragmentation(&mut self, t: &Task, policy: Policy) -> Option<Pick> {
         // Nodes in the same state score the same: evaluate each state once.
-        let mut by_state: HashMap<u128, (i32, f64, f64)> = HashMap::new();
-        let mut scored: Vec<Scored> = Vec::new();
+        let mut by_state: HashMap<u128, (i32, f64)> = HashMap::new();
+        // The first node in list order among the best scores wins: this
+        // reproduces the published FGD and best-fit figures (uniform random
+        // choice among equal scores does not: FGD drops to about 91.6 % on
+        // the default trace), and it packs, which is what makes near-equal
+        // choices good.
+        let mut best: Option<(f64, Pick)> = None;
         for i in 0..self.nodes.len() {
             let s = self.nodes[i];
             if !s.fits(t) {
@@ -435,58 +423,30 @@ impl Cluster {
             }
             // Memory only gates `fits`, checked above; it does not change the score.
             let key = s.frag_key();
-            let (choice, score, _gpu_tie) = match by_state.get(&key) {
+            let (choice, score) = match by_state.get(&key) {
                 // Equal states may order their GPUs differently: take the
                 // same-capacity GPU of this node (the lowest index).
-                Some(&(left, score, tie)) => (choice_on(&s, t, left), score, tie),
+                Some(&(left, score)) => (choice_on(&s, t, left), score),
                 None => {
-                    let (c, score, tie) = self.evaluate(&s, t, policy);
+                    let (c, score) = self.evaluate(&s, t, policy);
                     let left = c
                         .gpus()
                         .first()
                         .map(|&g| s.gpu_left[usize::from(g)])
                         .unwrap_or(0);
-                    by_state.insert(key, (left, score, tie));
-                    (c, score, tie)
+                    by_state.insert(key, (left, score));
+                    (c, score)
                 }
             };
-            // Across nodes only the score counts: among equal scores the
-            // first node wins (see below), which packs.
-            let tie = 0.0;
-            scored.push(Scored {
-                node: i,
-                choice,
-                score,
-                tie,
-            });
+            if best.as_ref().is_none_or(|b| score > b.0) {
+                best = Some((score, Pick { node: i, choice }));
+            }
         }
-        let best =
-            scored
-                .iter()
-                .map(|c| (c.score, c.tie))
-                .fold(None, |acc: Option<(f64, f64)>, v| match acc {
-                    None => Some(v),
-                    Some(a) => Some(if v.0 > a.0 || (v.0 == a.0 && v.1 > a.1) {
-                        v
-                    } else {
-                        a
-                    }),
-                })?;
-        // FGD: equal (rounded) scores. gpuslice: every node within the
-        // tolerance band of the least fragmentation growth.
-        let ties: Vec<&Scored> = scored
-            .iter()
-            .filter(|c| c.score == best.0 && c.tie == best.1)
-            .collect();
-        // The first node in list order among the best: this reproduces the
-        // published FGD and best-fit figures (uniform random choice among
-        // equal scores does not: FGD drops to about 91.6 % on the default
-        // trace), and it packs, which is what makes near-equal choices good.
-        Some(*ties[0])
+        best.map(|b| b.1)
     }
 
-    /// The best GPU choice on a node state and its (score, tie) values.
-    fn evaluate(&mut self, s: &NodeState, t: &Task, policy: Policy) -> (Choice, f64, f64) {
+    /// The best GPU choice on a node state and its score (higher is better).
+    fn evaluate(&mut self, s: &NodeState, t: &Task, policy: Policy) -> (Choice, f64) {
         let before = self.frag(s);
         let candidates: Vec<Choice> = if t.is_share() {
             let mut seen: Vec<i32> = Vec::new();
@@ -522,7 +482,8 @@ impl Cluster {
                 best = Some((c, score, tie));
             }
         }
-        best.unwrap_or((Choice::default(), f64::MIN, 0.0))
+        best.map(|b| (b.0, b.1))
+            .unwrap_or((Choice::default(), f64::MIN))
     }
 }
 

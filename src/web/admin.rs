@@ -38,7 +38,7 @@ pub async fn tenants(
 ) -> Result<TenantsPage, AppError> {
     user.require_admin()?;
     Ok(TenantsPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         tenants: db::tenants::list(&state.pool).await?,
     })
 }
@@ -164,15 +164,11 @@ fn quota_fields(q: &QuotaInput, errors: &FieldErrors) -> Vec<Field> {
     ]
 }
 
-pub async fn new_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-) -> Result<TenantFormPage, AppError> {
+pub async fn new_tenant(session: Session, user: CurrentUser) -> Result<TenantFormPage, AppError> {
     user.require_admin()?;
     let errors = FieldErrors::default();
     Ok(TenantFormPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         tenant: None,
         slug: String::new(),
         name: String::new(),
@@ -238,7 +234,7 @@ pub async fn create_tenant(
     user.require_admin()?;
     let rerender = |errors: FieldErrors| async {
         let page = TenantFormPage {
-            ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+            ctx: PageCtx::new(&session, Some(&user)).await?,
             tenant: None,
             slug: form.slug.trim().to_string(),
             name: form.name.trim().to_string(),
@@ -258,7 +254,7 @@ pub async fn create_tenant(
     let mut tx = state.pool.begin().await?;
     let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
         Ok(id) => id,
-        Err(e) if is_unique_violation(&e, "tenants_slug_key") => {
+        Err(e) if db::is_unique_violation(&e, "tenants_slug_key") => {
             let mut errors = FieldErrors::default();
             errors.add("slug", format!("the slug \"{slug}\" is taken"));
             return rerender(errors).await;
@@ -289,7 +285,7 @@ pub async fn edit_tenant(
     let members = db::tenants::members(&state.pool, id).await?;
     let errors = FieldErrors::default();
     Ok(TenantFormPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         slug: tenant.slug.clone(),
         name: tenant.name.clone(),
         fields: quota_fields(&QuotaInput::from(&tenant.quota), &errors),
@@ -313,7 +309,7 @@ pub async fn update_tenant(
         Err(errors) => {
             let members = db::tenants::members(&state.pool, id).await?;
             let page = TenantFormPage {
-                ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+                ctx: PageCtx::new(&session, Some(&user)).await?,
                 slug: tenant.slug.clone(),
                 name: form.name.trim().to_string(),
                 fields: quota_fields(&form.quota, &errors),
@@ -384,11 +380,6 @@ pub async fn restore_tenant(
     set_tenant_archived(&state, &session, &user, id, false).await
 }
 
-/// Whether `e` is a unique violation of the named constraint.
-pub fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation() && d.constraint() == Some(constraint))
-}
-
 // ------------------------------------------------------------------ users
 
 /// A user row of the list, with their tenants.
@@ -427,7 +418,7 @@ pub async fn users(
         rows.push(UserRow { user: u, tenants });
     }
     Ok(UsersPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         users: rows,
     })
 }
@@ -443,14 +434,10 @@ pub struct NewUserPage {
     errors: FieldErrors,
 }
 
-pub async fn new_user(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-) -> Result<NewUserPage, AppError> {
+pub async fn new_user(session: Session, user: CurrentUser) -> Result<NewUserPage, AppError> {
     user.require_admin()?;
     Ok(NewUserPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         email: String::new(),
         display_name: String::new(),
         global_role: "none".into(),
@@ -514,14 +501,14 @@ pub async fn create_user(
                 .await?;
                 return Ok(Redirect::to(&format!("/admin/users/{id}")).into_response());
             }
-            Err(e) if is_unique_violation(&e, "users_email_key") => {
+            Err(e) if db::is_unique_violation(&e, "users_email_key") => {
                 errors.add("email", format!("{email} already has an account"));
             }
             Err(e) => return Err(e.into()),
         }
     }
     let page = NewUserPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         email: form.email.trim().to_string(),
         display_name: form.display_name.trim().to_string(),
         global_role: form.global_role.clone(),
@@ -566,7 +553,7 @@ async fn user_page(
         None => (subject.display_name.clone(), subject.global_role.clone()),
     };
     Ok(UserPage {
-        ctx: PageCtx::new(state, session, Some(user)).await?,
+        ctx: PageCtx::new(session, Some(user)).await?,
         memberships: db::users::memberships(&state.pool, id).await?,
         tenants: db::tenants::list(&state.pool)
             .await?
@@ -880,7 +867,7 @@ pub async fn audit(
         .map(|(k, _)| k.to_string())
         .unwrap_or_default();
     Ok(AuditPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         entries: db::audit::recent(&state.pool, &filter, 500).await?,
         filter,
         filters,

@@ -193,7 +193,6 @@ fn safe_next(next: Option<&str>) -> String {
 }
 
 pub async fn login_page(
-    State(state): State<AppState>,
     session: Session,
     Query(q): Query<NextQuery>,
     maybe_user: Option<CurrentUser>,
@@ -201,7 +200,7 @@ pub async fn login_page(
     if maybe_user.is_some() {
         return Ok(Redirect::to(&safe_next(q.next.as_deref())).into_response());
     }
-    let ctx = PageCtx::new(&state, &session, None).await?;
+    let ctx = PageCtx::new(&session, None).await?;
     Ok(LoginPage {
         ctx,
         email: String::new(),
@@ -273,7 +272,7 @@ pub async fn login(
             serde_json::json!({}),
         )
         .await?;
-        let ctx = PageCtx::new(&state, &session, None).await?;
+        let ctx = PageCtx::new(&session, None).await?;
         let page = LoginPage {
             ctx,
             email: form.email.trim().to_string(),

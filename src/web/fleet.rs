@@ -151,7 +151,7 @@ pub async fn fleet(
         .into_iter()
         .map(view)
         .collect();
-    let ctx = PageCtx::new(&state, &session, Some(&user)).await?;
+    let ctx = PageCtx::new(&session, Some(&user)).await?;
     // htmx polls the table alone; a normal request gets the whole page.
     if headers.contains_key("hx-request") {
         return Ok(FleetTable {

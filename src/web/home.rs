@@ -37,7 +37,7 @@ pub async fn dashboard(
         });
     }
     Ok(DashboardPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         tenants,
     })
 }
@@ -74,7 +74,7 @@ pub async fn tenant(
         Vec::new()
     };
     Ok(TenantPage {
-        ctx: PageCtx::new(&state, &session, Some(&user)).await?,
+        ctx: PageCtx::new(&session, Some(&user)).await?,
         tenant: db::tenants::get(&state.pool, id).await?,
         can_see_members,
         members,

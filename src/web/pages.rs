@@ -10,7 +10,6 @@ use tower_sessions::Session;
 use super::assets;
 use super::auth::CurrentUser;
 use super::error::AppError;
-use super::AppState;
 
 const FLASH_KEY: &str = "flash";
 
@@ -35,11 +34,7 @@ pub struct PageCtx {
 }
 
 impl PageCtx {
-    pub async fn new(
-        _state: &AppState,
-        session: &Session,
-        user: Option<&CurrentUser>,
-    ) -> Result<Self, AppError> {
+    pub async fn new(session: &Session, user: Option<&CurrentUser>) -> Result<Self, AppError> {
         let csrf = super::csrf::token(session).await?;
         let flash: Option<String> = session
             .remove(FLASH_KEY)

@@ -36,7 +36,7 @@ async fn page(
     errors: FieldErrors,
 ) -> Result<TokensPage, AppError> {
     Ok(TokensPage {
-        ctx: PageCtx::new(state, session, Some(user)).await?,
+        ctx: PageCtx::new(session, Some(user)).await?,
         tokens: db::tokens::list_for_user(&state.pool, user.user.id).await?,
         new_token,
         name,

@@ -165,6 +165,15 @@ impl TestApp {
         }
     }
 
+    /// The single value a query without parameters returns.
+    pub async fn one<T>(&self, sql: &str) -> T
+    where
+        T: Send + Unpin,
+        (T,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
