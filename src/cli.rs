@@ -122,6 +122,27 @@ pub struct GpuArgs {
     /// Time-sliced shares per GPU on NVML nodes (the fleet file sets it for sim).
     #[arg(long, env = "GPUSLICE_MAX_SHARES", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub max_shares: i32,
+    /// How often the worker looks for bookings to start or end (milliseconds).
+    #[arg(long, env = "GPUSLICE_WORKER_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub worker_tick_ms: u64,
+    /// Warn this many minutes before a booking ends.
+    #[arg(long, env = "GPUSLICE_WARN_MINUTES", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=1440))]
+    pub warn_minutes: u64,
+    /// Seconds processes on a device get between SIGTERM and SIGKILL when its booking ends.
+    #[arg(long, env = "GPUSLICE_GRACE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub grace_secs: u64,
+}
+
+impl GpuArgs {
+    /// The booking worker's settings.
+    pub fn worker_settings(&self) -> crate::worker::bookings::Settings {
+        crate::worker::bookings::Settings {
+            tick: std::time::Duration::from_millis(self.worker_tick_ms),
+            warn_secs: (self.warn_minutes * 60) as f64,
+            grace: std::time::Duration::from_secs(self.grace_secs),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -533,12 +554,24 @@ pub fn start_workers(
                 let backend: Arc<dyn GpuBackend> = Arc::new(b);
                 let shares = gpu.max_shares;
                 tracing::info!(node = %node, "worker started on the NVML backend");
-                return Ok(vec![tokio::spawn(crate::worker::run_inventory(
-                    pool.clone(),
-                    node,
-                    backend,
-                    Arc::new(move |_: &str| shares),
-                ))]);
+                return Ok(vec![
+                    tokio::spawn(crate::worker::run_inventory(
+                        pool.clone(),
+                        node.clone(),
+                        backend.clone(),
+                        Arc::new(move |_: &str| shares),
+                    )),
+                    tokio::spawn(crate::worker::bookings::run(
+                        pool.clone(),
+                        node,
+                        backend,
+                        gpu.worker_settings(),
+                    )),
+                    tokio::spawn(crate::worker::bookings::run_planner(
+                        pool.clone(),
+                        std::time::Duration::from_millis(gpu.worker_tick_ms),
+                    )),
+                ]);
             }
             Err(e) if gpu.backend == "nvml" => bail!("{e}"),
             Err(e) => {
@@ -576,12 +609,25 @@ pub fn start_workers(
         tasks.push(tokio::spawn(crate::worker::run_inventory(
             pool.clone(),
             node.name.clone(),
-            backend,
+            backend.clone(),
             max_shares,
         )));
+        tasks.push(tokio::spawn(crate::worker::bookings::run(
+            pool.clone(),
+            node.name.clone(),
+            backend,
+            gpu.worker_settings(),
+        )));
     }
+    // Queued bookings wait for capacity anywhere, so one planner serves
+    // the process (several processes planning at once is safe: tenant
+    // locks and the exclusion constraint keep them apart).
+    tasks.push(tokio::spawn(crate::worker::bookings::run_planner(
+        pool.clone(),
+        std::time::Duration::from_millis(gpu.worker_tick_ms),
+    )));
     tracing::info!(
-        nodes = tasks.len(),
+        nodes = (tasks.len() - 1) / 2,
         "worker started for the simulated fleet"
     );
     Ok(tasks)

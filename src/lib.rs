@@ -3,6 +3,7 @@
 //! the command line. Tests drive [`web::router`] and the CLI functions.
 
 pub mod bench;
+pub mod booking;
 pub mod cli;
 pub mod db;
 pub mod domain;

@@ -47,4 +47,21 @@
     var q = e.target.getAttribute && e.target.getAttribute("data-confirm");
     if (q && !window.confirm(q)) e.preventDefault();
   });
+
+  // Times: show <time datetime> in the browser's zone, and tell forms the
+  // browser's UTC offset so that a typed start means local time.
+  function localise(root) {
+    Array.prototype.forEach.call(root.querySelectorAll("time[datetime]"), function (t) {
+      var d = new Date(t.getAttribute("datetime"));
+      if (!isNaN(d)) {
+        t.title = t.textContent;
+        t.textContent = d.toLocaleString([], { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+      }
+    });
+    Array.prototype.forEach.call(root.querySelectorAll("input[data-tz-offset]"), function (i) {
+      i.value = String(new Date().getTimezoneOffset());
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { localise(document); });
+  document.addEventListener("htmx:afterSwap", function (e) { localise(e.target.parentNode || document); });
 })();

@@ -179,3 +179,39 @@ pub async fn pending_mode_requests(
     .await?;
     Ok(rows.into_iter().map(|r| (r.uuid, r.wants_mig)).collect())
 }
+
+/// A GPU new bookings may land on.
+#[derive(Debug, Clone)]
+pub struct Bookable {
+    pub id: i64,
+    pub node_id: i64,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: i64,
+    pub mode: String,
+    pub max_shares: i32,
+}
+
+/// Healthy GPUs in MIG or time-slice mode whose hardware agrees with that
+/// mode and that no mode switch is pending for, in node and index order.
+pub async fn bookable(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Bookable>> {
+    sqlx::query_as!(
+        Bookable,
+        "SELECT g.id, g.node_id, g.uuid, g.model, g.memory_mib, g.mode, g.max_shares
+         FROM gpus g JOIN nodes n ON n.id = g.node_id
+         WHERE g.healthy AND g.requested_mode IS NULL
+           AND ((g.mode = 'mig' AND g.mig_current AND g.mig_pending)
+                OR (g.mode = 'timeslice' AND NOT g.mig_current))
+         ORDER BY n.name, g.idx"
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Locks a GPU's row (shares check its capacity under this lock).
+pub async fn lock_gpu(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<()> {
+    sqlx::query_scalar!("SELECT id FROM gpus WHERE id = $1 FOR UPDATE", id)
+        .fetch_one(db)
+        .await?;
+    Ok(())
+}

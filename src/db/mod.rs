@@ -2,6 +2,7 @@
 //! serves a pool or a transaction; the embedded cluster lives in [`embedded`].
 
 pub mod audit;
+pub mod bookings;
 pub mod embedded;
 pub mod fleet;
 pub mod tenants;

@@ -1,6 +1,7 @@
 //! Pure domain types and rules. No IO, no async: everything here is parsed
 //! once at the edge (forms, JSON, CLI) and trusted afterwards.
 
+pub mod booking;
 mod password;
 mod quota;
 

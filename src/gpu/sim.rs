@@ -50,9 +50,35 @@ struct State {
 
 #[derive(Debug, Default)]
 struct Faults {
+    /// `GPUSLICE_SIM_CRASH`: abort the whole process at this point, the
+    /// way `kill -9` would, to prove that the worker converges afterwards.
+    crash_at: Option<CrashPoint>,
     fail_next_create: Option<String>,
     lost: HashSet<String>,
     delay: Duration,
+}
+
+/// Where an injected crash strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// As a create starts, before the hardware changes.
+    BeforeCreate,
+    /// Right after the instance exists, before anyone records it.
+    AfterCreate,
+    /// Right after an instance is gone, before anyone records it.
+    AfterDestroy,
+}
+
+impl CrashPoint {
+    /// `before-create`, `after-create` or `after-destroy`.
+    pub fn parse(raw: &str) -> Option<CrashPoint> {
+        match raw {
+            "before-create" => Some(CrashPoint::BeforeCreate),
+            "after-create" => Some(CrashPoint::AfterCreate),
+            "after-destroy" => Some(CrashPoint::AfterDestroy),
+            _ => None,
+        }
+    }
 }
 
 /// The simulated GPUs of one node.
@@ -134,8 +160,26 @@ impl SimBackend {
             node: node.to_string(),
             state: Mutex::new(State { gpus }),
             path,
-            faults: Mutex::new(Faults::default()),
+            faults: Mutex::new(Faults {
+                crash_at: std::env::var("GPUSLICE_SIM_CRASH")
+                    .ok()
+                    .and_then(|v| CrashPoint::parse(&v)),
+                ..Faults::default()
+            }),
         })
+    }
+
+    /// Fault injection: abort the process at `point` (see [`CrashPoint`]).
+    pub fn crash_at(&self, point: Option<CrashPoint>) {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner()).crash_at = point;
+    }
+
+    fn maybe_crash(&self, point: CrashPoint) {
+        let armed = self.faults.lock().unwrap_or_else(|e| e.into_inner()).crash_at;
+        if armed == Some(point) {
+            eprintln!("gpuslice: injected crash at {point:?}");
+            std::process::abort();
+        }
     }
 
     pub fn node(&self) -> &str {
@@ -336,7 +380,8 @@ impl GpuBackend for SimBackend {
             .unwrap_or_else(|e| e.into_inner())
             .fail_next_create
             .take();
-        self.with_gpu(gpu_uuid, |g| {
+        self.maybe_crash(CrashPoint::BeforeCreate);
+        let created = self.with_gpu(gpu_uuid, |g| {
             if let Some(msg) = injected {
                 return Err(BackendError::Driver(msg));
             }
@@ -366,7 +411,9 @@ impl GpuBackend for SimBackend {
             });
             let created = g.instances.last().map(|i| to_instance(g, i));
             created.ok_or_else(|| BackendError::Driver("instance vanished".into()))
-        })
+        })?;
+        self.maybe_crash(CrashPoint::AfterCreate);
+        Ok(created)
     }
 
     fn destroy_instance(
@@ -390,6 +437,7 @@ impl GpuBackend for SimBackend {
             g.instances.retain(|i| i.gi_id != gi_id);
             Ok(())
         })?;
+        self.maybe_crash(CrashPoint::AfterDestroy);
         Ok(holders)
     }
 

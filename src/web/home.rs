@@ -11,10 +11,43 @@ use super::pages::PageCtx;
 use super::AppState;
 use crate::db::{self, tenants::Member, tenants::Tenant};
 
-/// One tenant on the dashboard with the user's role in it.
+/// One tenant on the dashboard with the user's role in it and its use.
 pub struct MyTenant {
     pub tenant: Tenant,
     pub role: String,
+    pub used: crate::booking::QuotaUse,
+}
+
+/// One bar of a quota chart.
+pub struct Bar {
+    pub label: &'static str,
+    pub used: String,
+    pub limit: String,
+    /// Percent of the bar filled, 0..=100.
+    pub pct: u32,
+    pub warn: bool,
+}
+
+impl MyTenant {
+    pub fn bars(&self) -> Vec<Bar> {
+        let q = &self.tenant.quota;
+        let bar = |label, used: f64, limit: f64, unit: &str| {
+            let pct = if limit > 0.0 { (used / limit * 100.0).clamp(0.0, 100.0) } else { 100.0 };
+            Bar {
+                label,
+                used: format!("{used:.0}{unit}"),
+                limit: format!("{limit:.0}{unit}"),
+                pct: pct.round() as u32,
+                warn: pct >= 80.0,
+            }
+        };
+        vec![
+            bar("Active bookings", f64::from(self.used.active_bookings), f64::from(q.max_active_bookings), ""),
+            bar("GPU memory", f64::from(self.used.memory_gib), f64::from(q.max_gpu_memory_gib), " GiB"),
+            bar("Compute slices", f64::from(self.used.compute_slices), f64::from(q.max_compute_slices), ""),
+            bar("Slice-hours this month (used + booked)", self.used.slice_hours, f64::from(q.monthly_slice_hours), ""),
+        ]
+    }
 }
 
 #[derive(Template, WebTemplate)]
@@ -22,6 +55,9 @@ pub struct MyTenant {
 pub struct DashboardPage {
     ctx: PageCtx,
     tenants: Vec<MyTenant>,
+    bookings: Vec<db::bookings::Booking>,
+    show_owner: bool,
+    poll_url: String,
 }
 
 pub async fn dashboard(
@@ -34,11 +70,17 @@ pub async fn dashboard(
         tenants.push(MyTenant {
             tenant: db::tenants::get(&state.pool, m.tenant_id).await?,
             role: m.role.clone(),
+            used: crate::booking::quota_use(&state.pool, m.tenant_id).await?,
         });
     }
+    let bookings =
+        db::bookings::list(&state.pool, db::bookings::Scope::User(user.user.id), 20).await?;
     Ok(DashboardPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
         tenants,
+        bookings,
+        show_owner: false,
+        poll_url: "/bookings?scope=mine".into(),
     })
 }
 

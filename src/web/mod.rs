@@ -4,6 +4,7 @@ pub mod admin;
 pub mod api;
 pub mod assets;
 pub mod auth;
+pub mod bookings;
 pub mod csrf;
 pub mod error;
 pub mod fleet;
@@ -65,6 +66,8 @@ pub struct AppState {
     /// A real argon2id hash that unknown accounts are checked against, so
     /// that their sign-in takes as long as a wrong password.
     pub dummy_hash: Arc<str>,
+    /// When bookings may start.
+    pub booking_settings: Arc<crate::booking::Settings>,
 }
 
 impl AppState {
@@ -80,6 +83,7 @@ impl AppState {
             settings: Arc::new(settings),
             metrics: Arc::new(ops::Metrics::default()),
             dummy_hash: dummy.into(),
+            booking_settings: Arc::new(crate::booking::Settings::default()),
         })
     }
 }
@@ -132,6 +136,12 @@ pub fn router(state: AppState) -> Router {
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))
         .route("/tenants/{slug}", get(home::tenant))
+        .route("/bookings", get(bookings::list).post(bookings::create))
+        .route("/bookings/new", get(bookings::new_form))
+        .route("/bookings/availability", get(bookings::availability))
+        .route("/bookings/{id}", get(bookings::show))
+        .route("/bookings/{id}/release", post(bookings::release))
+        .route("/bookings/{id}/extend", post(bookings::extend))
         .route("/settings/tokens", get(settings::tokens).post(settings::create_token))
         .route("/settings/tokens/{id}/revoke", post(settings::revoke_token))
         .route("/admin", get(|| async { Redirect::to("/admin/tenants") }))
@@ -159,6 +169,11 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/gpus/{id}/mode", post(fleet::switch_mode))
         .route("/api/v1/me", get(api::me))
         .route("/api/v1/tenants", get(api::tenants))
+        .route("/api/v1/offerings", get(bookings::api_offerings))
+        .route("/api/v1/bookings", get(bookings::api_list).post(bookings::api_create))
+        .route("/api/v1/bookings/{id}", get(bookings::api_get))
+        .route("/api/v1/bookings/{id}/release", post(bookings::api_release))
+        .route("/api/v1/bookings/{id}/extend", post(bookings::api_extend))
         .route("/api/v1/openapi.json", get(api::openapi))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

@@ -2,6 +2,8 @@
 //! node and its GPUs, heartbeats, and marks GPUs nobody has seen for a while
 //! as unhealthy. (Applying bookings, the scheduler and metering build on it.)
 
+pub mod bookings;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,740 @@
+//! Booking pages (`/bookings/...`) and the booking JSON API
+//! (`/api/v1/offerings`, `/api/v1/bookings...`). Both call the one set of
+//! rules in [`crate::booking`].
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Form, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tower_sessions::Session;
+
+use super::auth::CurrentUser;
+use super::error::AppError;
+use super::forms::FieldErrors;
+use super::pages::{flash, PageCtx};
+use super::AppState;
+use crate::booking::{self, BookingError, Created, Offering, Requester};
+use crate::db::{self, bookings::Booking, bookings::Scope};
+use crate::domain::booking::{BookingInput, Status};
+
+/// The rules' view of the signed-in user.
+pub fn requester(u: &CurrentUser) -> Requester {
+    Requester {
+        user_id: u.user.id,
+        email: u.user.email.clone(),
+        is_admin: u.is_admin(),
+        tenants: u
+            .memberships
+            .iter()
+            .filter(|m| !m.archived)
+            .map(|m| (m.tenant_id, m.slug.clone(), m.is_manager()))
+            .collect(),
+    }
+}
+
+impl From<BookingError> for AppError {
+    fn from(e: BookingError) -> Self {
+        match e {
+            BookingError::Invalid(_) => AppError::Unprocessable(e.to_string()),
+            BookingError::Refused(m) => AppError::Conflict(m),
+            BookingError::NotFound => AppError::NotFound,
+            BookingError::Forbidden(m) => AppError::Forbidden(m),
+            BookingError::Db(e) => e.into(),
+        }
+    }
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// `2026-12-24 14:00 UTC` (the browser shows it in local time).
+pub fn when(t: &OffsetDateTime) -> String {
+    booking::when(*t)
+}
+
+pub fn datetime_attr(t: &OffsetDateTime) -> String {
+    rfc3339(*t)
+}
+
+/// A booking as the API shows it.
+pub fn booking_json(b: &Booking) -> Value {
+    let mut v = json!({
+        "id": b.id,
+        "tenant": b.tenant_slug,
+        "user": b.user_email,
+        "kind": b.kind,
+        "model": b.model.clone().or(b.requested_model.clone()),
+        "start": rfc3339(b.start),
+        "end": rfc3339(b.end),
+        "hours": b.hours,
+        "status": b.status,
+        "priority": b.priority,
+        "memory_gib": b.memory_gib,
+        "compute_slices": b.compute_slices,
+        "gpu": b.gpu_uuid,
+        "node": b.node,
+        "placement": match (b.slice_start, b.slice_end) {
+            (Some(s), Some(e)) => json!({"start": s, "size": e - s}),
+            _ => Value::Null,
+        },
+        "device_uuid": b.device_uuid,
+        "reason": b.reason,
+        "earliest_start": b.offered_start.map(rfc3339),
+        "created_at": rfc3339(b.created_at),
+    });
+    if let Some(p) = &b.profile {
+        v["profile"] = json!(p);
+    }
+    v
+}
+
+fn offering_json(o: &Offering) -> Value {
+    json!(o)
+}
+
+// ---- JSON API ----------------------------------------------------------
+
+/// `GET /api/v1/offerings`
+pub async fn api_offerings(
+    State(state): State<AppState>,
+    _user: CurrentUser,
+) -> Result<Json<Value>, AppError> {
+    let list = booking::offerings(&state.pool).await?;
+    Ok(Json(
+        json!({ "offerings": list.iter().map(offering_json).collect::<Vec<_>>() }),
+    ))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ListQuery {
+    /// `mine` (default), `tenant` (with `tenant=slug`; managers and admins)
+    /// or `all` (admins).
+    pub scope: Option<String>,
+    pub tenant: Option<String>,
+}
+
+async fn scope_of(
+    state: &AppState,
+    user: &CurrentUser,
+    q: &ListQuery,
+) -> Result<Scope, AppError> {
+    match q.scope.as_deref().unwrap_or(if q.tenant.is_some() { "tenant" } else { "mine" }) {
+        "mine" => Ok(Scope::User(user.user.id)),
+        "all" if user.is_admin() => Ok(Scope::All),
+        "all" => Err(AppError::Forbidden("only admins see every booking".into())),
+        "tenant" => {
+            let slug = q.tenant.as_deref().unwrap_or_default();
+            let id = db::tenants::id_by_slug(&state.pool, slug)
+                .await?
+                .ok_or(AppError::NotFound)?;
+            let m = user.membership(id);
+            if user.is_admin() || m.is_some_and(|m| m.is_manager()) {
+                Ok(Scope::Tenant(id))
+            } else if m.is_some() {
+                Err(AppError::Forbidden(
+                    "only the tenant's managers see all its bookings".into(),
+                ))
+            } else {
+                Err(AppError::NotFound)
+            }
+        }
+        other => Err(AppError::BadRequest(format!(
+            "unknown scope \"{other}\": use mine, tenant or all"
+        ))),
+    }
+}
+
+/// `GET /api/v1/bookings`
+pub async fn api_list(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, AppError> {
+    let scope = scope_of(&state, &user, &q).await?;
+    let list = db::bookings::list(&state.pool, scope, 500).await?;
+    Ok(Json(
+        json!({ "bookings": list.iter().map(booking_json).collect::<Vec<_>>() }),
+    ))
+}
+
+fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
+    let obj = body
+        .as_object()
+        .ok_or_else(|| AppError::Unprocessable("the body must be a JSON object".into()))?;
+    const FIELDS: [&str; 8] = [
+        "tenant",
+        "kind",
+        "model",
+        "profile",
+        "memory_gib",
+        "priority",
+        "start",
+        "hours",
+    ];
+    if let Some(k) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(AppError::Unprocessable(format!(
+            "{k}: unknown field; the fields are {}",
+            FIELDS.join(", ")
+        )));
+    }
+    let get = |k: &str| -> Result<String, AppError> {
+        match obj.get(k) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(Value::Number(n)) => Ok(n.to_string()),
+            Some(_) => Err(AppError::Unprocessable(format!(
+                "{k}: give a string or a number"
+            ))),
+        }
+    };
+    Ok(BookingInput {
+        tenant: get("tenant")?,
+        kind: get("kind")?,
+        model: get("model")?,
+        profile: get("profile")?,
+        memory_gib: get("memory_gib")?,
+        priority: get("priority")?,
+        start: get("start")?,
+        tz_offset_minutes: String::new(),
+        hours: get("hours")?,
+    })
+}
+
+/// `POST /api/v1/bookings`: 201 with the booking; with an
+/// `Idempotency-Key` seen before, 200 with the booking it made.
+pub async fn api_create(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Result<Response, AppError> {
+    let input = input_from_json(&body)?;
+    let req = input
+        .parse()
+        .map_err(|e| AppError::from(BookingError::Invalid(e)))?;
+    let key = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| AppError::BadRequest("Idempotency-Key must be text".into()))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let who = requester(&user);
+    let created = booking::create(
+        &state.pool,
+        &who,
+        &req,
+        key.as_deref(),
+        &state.booking_settings,
+    )
+    .await?;
+    Ok(match created {
+        Created::New(b) => (StatusCode::CREATED, Json(booking_json(&b))).into_response(),
+        Created::Replayed(b) => (
+            StatusCode::OK,
+            [("idempotent-replayed", "true")],
+            Json(booking_json(&b)),
+        )
+            .into_response(),
+    })
+}
+
+/// `GET /api/v1/bookings/{id}`
+pub async fn api_get(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+) -> Result<Json<Value>, AppError> {
+    let b = booking::visible(&state.pool, &requester(&user), id).await?;
+    Ok(Json(booking_json(&b)))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ReleaseBody {
+    pub reason: Option<String>,
+}
+
+/// `POST /api/v1/bookings/{id}/release`: releases an active booking,
+/// cancels one that has not started.
+pub async fn api_release(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    body: Option<Json<ReleaseBody>>,
+) -> Result<Json<Value>, AppError> {
+    let reason = body.and_then(|b| b.0.reason);
+    let b = booking::release(
+        &state.pool,
+        &requester(&user),
+        id,
+        reason.as_deref(),
+        Some(&user.client_addr),
+    )
+    .await?;
+    Ok(Json(booking_json(&b)))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ExtendBody {
+    pub hours: i32,
+}
+
+/// `POST /api/v1/bookings/{id}/extend`
+pub async fn api_extend(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    Json(body): Json<ExtendBody>,
+) -> Result<Json<Value>, AppError> {
+    let b = booking::extend(&state.pool, &requester(&user), id, body.hours).await?;
+    Ok(Json(booking_json(&b)))
+}
+
+// ---- Pages -------------------------------------------------------------
+
+/// The booking form.
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/new.html")]
+pub struct NewPage {
+    ctx: PageCtx,
+    input: BookingInput,
+    errors: FieldErrors,
+    refusal: Option<String>,
+    tenants: Vec<(String, String)>,
+    models: Vec<String>,
+    profiles: Vec<String>,
+    offerings: Vec<Offering>,
+    /// The availability panel's filter (the form's kind and model).
+    kind: String,
+    model: String,
+}
+
+impl NewPage {
+    fn is_kind(&self, k: &str) -> bool {
+        self.input.kind == k
+    }
+}
+
+async fn new_page(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    input: BookingInput,
+    errors: FieldErrors,
+    refusal: Option<String>,
+) -> Result<NewPage, AppError> {
+    let offerings = booking::offerings(&state.pool).await?;
+    let mut models: Vec<String> = offerings.iter().map(|o| o.model.clone()).collect();
+    models.dedup();
+    let mut profiles: Vec<String> = offerings
+        .iter()
+        .filter_map(|o| o.profile.clone())
+        .collect();
+    profiles.sort_by_key(|p| {
+        (
+            p.split('g').next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(99),
+            p.clone(),
+        )
+    });
+    profiles.dedup();
+    Ok(NewPage {
+        ctx: PageCtx::new(session, Some(user)).await?,
+        kind: input.kind.clone(),
+        model: input.model.clone(),
+        input,
+        errors,
+        refusal,
+        tenants: user
+            .memberships
+            .iter()
+            .filter(|m| !m.archived)
+            .map(|m| (m.slug.clone(), m.name.clone()))
+            .collect(),
+        models,
+        profiles,
+        offerings,
+    })
+}
+
+/// `GET /bookings/new`, prefilled from the query (the "earliest start"
+/// offer links here).
+pub async fn new_form(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Query(mut input): Query<BookingInput>,
+) -> Result<NewPage, AppError> {
+    if input.kind.is_empty() {
+        input.kind = "mig".into();
+    }
+    if input.hours.is_empty() {
+        input.hours = "2".into();
+    }
+    if input.tenant.is_empty() {
+        if let Some(m) = user.memberships.iter().find(|m| !m.archived) {
+            input.tenant = m.slug.clone();
+        }
+    }
+    new_page(&state, &session, &user, input, FieldErrors::default(), None).await
+}
+
+/// `POST /bookings`
+pub async fn create(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Form(input): Form<BookingInput>,
+) -> Result<Response, AppError> {
+    let req = match input.parse() {
+        Ok(r) => r,
+        Err(list) => {
+            let mut errors = FieldErrors::default();
+            for (f, m) in list {
+                errors.add(f, m);
+            }
+            let page = new_page(&state, &session, &user, input, errors, None).await?;
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
+        }
+    };
+    let who = requester(&user);
+    match booking::create(&state.pool, &who, &req, None, &state.booking_settings).await {
+        Ok(Created::New(b)) | Ok(Created::Replayed(b)) => {
+            let msg = if b.status == "queued" {
+                format!("Booking {} is queued: {}", b.id, b.reason.clone().unwrap_or_default())
+            } else {
+                format!("Booked: {} {} from {}.", b.model.clone().unwrap_or_default(),
+                        b.profile.clone().unwrap_or_else(|| format!("{} GiB share", b.memory_gib)),
+                        booking::when(b.start))
+            };
+            flash(&session, msg).await?;
+            Ok(Redirect::to(&format!("/bookings/{}", b.id)).into_response())
+        }
+        Err(BookingError::Invalid(list)) => {
+            let mut errors = FieldErrors::default();
+            for (f, m) in list {
+                errors.add(f, m);
+            }
+            let page = new_page(&state, &session, &user, input, errors, None).await?;
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
+        }
+        Err(BookingError::Refused(m)) => {
+            let page = new_page(&state, &session, &user, input, FieldErrors::default(), Some(m))
+                .await?;
+            Ok((StatusCode::CONFLICT, page).into_response())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The live availability panel of the form.
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/_availability.html")]
+pub struct AvailabilityFragment {
+    offerings: Vec<Offering>,
+    kind: String,
+    model: String,
+}
+
+/// `GET /bookings/availability?kind=&model=` (htmx)
+pub async fn availability(
+    State(state): State<AppState>,
+    _user: CurrentUser,
+    Query(input): Query<BookingInput>,
+) -> Result<AvailabilityFragment, AppError> {
+    Ok(AvailabilityFragment {
+        offerings: booking::offerings(&state.pool).await?,
+        kind: input.kind,
+        model: input.model,
+    })
+}
+
+/// A booking list row set (dashboard and `/bookings`).
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/_rows.html")]
+pub struct RowsFragment {
+    bookings: Vec<Booking>,
+    show_owner: bool,
+    poll_url: String,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/list.html")]
+pub struct ListPage {
+    ctx: PageCtx,
+    bookings: Vec<Booking>,
+    show_owner: bool,
+    poll_url: String,
+    scope: String,
+    tenant: String,
+    managed: Vec<(String, String)>,
+    is_admin: bool,
+}
+
+fn is_htmx(headers: &HeaderMap) -> bool {
+    headers.contains_key("hx-request")
+}
+
+/// `GET /bookings`: mine, a managed tenant's, or (admins) all; an htmx
+/// request gets the rows only.
+pub async fn list(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, AppError> {
+    let scope = scope_of(&state, &user, &q).await?;
+    let bookings = db::bookings::list(&state.pool, scope, 300).await?;
+    let scope_name = match scope {
+        Scope::User(_) => "mine",
+        Scope::Tenant(_) => "tenant",
+        Scope::All => "all",
+    };
+    let tenant = q.tenant.clone().unwrap_or_default();
+    let poll_url = format!(
+        "/bookings?scope={scope_name}&tenant={}",
+        form_urlencoded::byte_serialize(tenant.as_bytes()).collect::<String>()
+    );
+    let show_owner = scope_name != "mine";
+    if is_htmx(&headers) {
+        return Ok(RowsFragment {
+            bookings,
+            show_owner,
+            poll_url,
+        }
+        .into_response());
+    }
+    Ok(ListPage {
+        ctx: PageCtx::new(&session, Some(&user)).await?,
+        bookings,
+        show_owner,
+        poll_url,
+        scope: scope_name.into(),
+        tenant,
+        managed: user
+            .memberships
+            .iter()
+            .filter(|m| m.is_manager())
+            .map(|m| (m.slug.clone(), m.name.clone()))
+            .collect(),
+        is_admin: user.is_admin(),
+    }
+    .into_response())
+}
+
+/// Everything the booking page shows (also its live fragment).
+pub struct Detail {
+    pub b: Booking,
+    pub events: Vec<db::bookings::Event>,
+    pub is_owner: bool,
+    pub can_force: bool,
+    pub live: bool,
+    pub csrf: String,
+    pub error: Option<String>,
+}
+
+impl Detail {
+    pub fn can_release(&self) -> bool {
+        self.is_owner && matches!(self.b.status.as_str(), "provisioning" | "active")
+    }
+
+    pub fn can_cancel(&self) -> bool {
+        self.is_owner && matches!(self.b.status.as_str(), "queued" | "scheduled")
+    }
+
+    pub fn can_extend(&self) -> bool {
+        self.is_owner && matches!(self.b.status.as_str(), "scheduled" | "active")
+    }
+
+    pub fn force(&self) -> bool {
+        self.can_force
+            && !self.is_owner
+            && Status::parse(&self.b.status).is_some_and(|s| s.is_live() && s != Status::Releasing)
+    }
+
+    pub fn ending_soon(&self) -> bool {
+        self.b.status == "active" && self.b.warned_at.is_some()
+    }
+
+    pub fn device(&self) -> &str {
+        self.b.device_uuid.as_deref().unwrap_or("")
+    }
+
+    /// The profile or share, in words.
+    pub fn what(&self) -> String {
+        match &self.b.profile {
+            Some(p) => format!("MIG {p}"),
+            None => format!("{} GiB time-sliced share, {} priority", self.b.memory_gib, self.b.priority),
+        }
+    }
+
+    pub fn offer_link(&self) -> Option<String> {
+        let t = self.b.offered_start?;
+        let start = rfc3339(t);
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("tenant", &self.b.tenant_slug)
+            .append_pair("kind", &self.b.kind)
+            .append_pair("model", self.b.requested_model.as_deref().unwrap_or(""))
+            .append_pair("profile", self.b.profile.as_deref().unwrap_or(""))
+            .append_pair("memory_gib", &self.b.memory_gib.to_string())
+            .append_pair("priority", &self.b.priority)
+            .append_pair("start", &start)
+            .append_pair("hours", &self.b.hours.to_string());
+        Some(format!("/bookings/new?{}", q.finish()))
+    }
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/show.html")]
+pub struct ShowPage {
+    ctx: PageCtx,
+    d: Detail,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "bookings/_detail.html")]
+pub struct DetailFragment {
+    d: Detail,
+}
+
+async fn detail(
+    state: &AppState,
+    user: &CurrentUser,
+    id: i64,
+    csrf: String,
+    error: Option<String>,
+) -> Result<Detail, AppError> {
+    let who = requester(user);
+    let b = booking::visible(&state.pool, &who, id).await?;
+    let events = db::bookings::events(&state.pool, id).await?;
+    let live = Status::parse(&b.status).is_some_and(Status::is_live);
+    Ok(Detail {
+        is_owner: b.user_id == user.user.id,
+        can_force: user.is_admin() || user.membership(b.tenant_id).is_some_and(|m| m.is_manager()),
+        live,
+        b,
+        events,
+        csrf,
+        error,
+    })
+}
+
+/// `GET /bookings/{id}`; htmx polls get the live part only.
+pub async fn show(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Result<Response, AppError> {
+    let ctx = PageCtx::new(&session, Some(&user)).await?;
+    let d = detail(&state, &user, id, ctx.csrf.clone(), None).await?;
+    if is_htmx(&headers) {
+        return Ok(DetailFragment { d }.into_response());
+    }
+    Ok(ShowPage { ctx, d }.into_response())
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ReasonForm {
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Re-renders the booking page with `message` (a refused action).
+async fn show_error(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    id: i64,
+    status: StatusCode,
+    message: String,
+) -> Result<Response, AppError> {
+    let ctx = PageCtx::new(session, Some(user)).await?;
+    let d = detail(state, user, id, ctx.csrf.clone(), Some(message)).await?;
+    Ok((status, ShowPage { ctx, d }).into_response())
+}
+
+fn refusal_of(e: BookingError) -> Result<(StatusCode, String), AppError> {
+    match e {
+        BookingError::Invalid(list) => Ok((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            list.into_iter().map(|(_, m)| m).collect::<Vec<_>>().join("; "),
+        )),
+        BookingError::Refused(m) => Ok((StatusCode::CONFLICT, m)),
+        other => Err(other.into()),
+    }
+}
+
+/// `POST /bookings/{id}/release`: release, cancel, or (managers, admins)
+/// force-release with a reason.
+pub async fn release(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    Form(form): Form<ReasonForm>,
+) -> Result<Response, AppError> {
+    let who = requester(&user);
+    match booking::release(&state.pool, &who, id, Some(&form.reason), Some(&user.client_addr)).await
+    {
+        Ok(b) => {
+            let msg = if b.status == "cancelled" {
+                format!("Booking {id} is cancelled.")
+            } else {
+                format!("Booking {id} is being released; its device goes away in a moment.")
+            };
+            flash(&session, msg).await?;
+            Ok(Redirect::to(&format!("/bookings/{id}")).into_response())
+        }
+        Err(e) => {
+            let (status, msg) = refusal_of(e)?;
+            show_error(&state, &session, &user, id, status, msg).await
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ExtendForm {
+    #[serde(default)]
+    pub hours: String,
+}
+
+/// `POST /bookings/{id}/extend`
+pub async fn extend(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    Form(form): Form<ExtendForm>,
+) -> Result<Response, AppError> {
+    let Ok(hours) = form.hours.trim().parse::<i32>() else {
+        return show_error(
+            &state,
+            &session,
+            &user,
+            id,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "give the extra time in whole hours".into(),
+        )
+        .await;
+    };
+    match booking::extend(&state.pool, &requester(&user), id, hours).await {
+        Ok(b) => {
+            flash(&session, format!("Booking {id} now ends {}.", booking::when(b.end))).await?;
+            Ok(Redirect::to(&format!("/bookings/{id}")).into_response())
+        }
+        Err(e) => {
+            let (status, msg) = refusal_of(e)?;
+            show_error(&state, &session, &user, id, status, msg).await
+        }
+    }
+}

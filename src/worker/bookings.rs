@@ -1,0 +1,448 @@
+//! Applying bookings to the hardware of one node: provision at the start,
+//! warn before the end, tear down at the end or on release, and reconcile
+//! what the hardware has with what the database wants.
+//!
+//! Crash safety rests on three facts. Every step is claimed with a lease
+//! and is idempotent: provisioning adopts an instance already at the
+//! planned slot, teardown of a missing instance is done. The transient
+//! statuses (`provisioning`, `releasing`) are only left by finishing the
+//! step, so a crash leaves a booking the next worker picks up. And one
+//! worker runs a node (a PostgreSQL advisory lock on its name), so at start
+//! it may take over every lease its dead predecessor held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgPool, Postgres};
+use time::OffsetDateTime;
+
+use crate::db::{self, bookings::Due};
+use crate::gpu::catalog::{self, Placement};
+use crate::gpu::{BackendError, GpuBackend, Instance};
+
+/// How the worker paces itself.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often it looks for due work.
+    pub tick: Duration,
+    /// How long a claim holds before another worker may take it.
+    pub lease_secs: f64,
+    /// Warn this long before a booking's end.
+    pub warn_secs: f64,
+    /// Processes get this long after SIGTERM before SIGKILL.
+    pub grace: Duration,
+    /// A step failing this many times fails the booking.
+    pub max_attempts: i32,
+    /// Reconcile every this many ticks.
+    pub reconcile_every: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            tick: Duration::from_secs(1),
+            lease_secs: 60.0,
+            warn_secs: 15.0 * 60.0,
+            grace: Duration::from_secs(10),
+            max_attempts: 5,
+            reconcile_every: 10,
+        }
+    }
+}
+
+/// Holds the node's advisory lock while alive. The connection is detached
+/// from the pool, so the lock dies with the process (or this value).
+pub struct NodeLock {
+    _conn: sqlx::PgConnection,
+}
+
+/// Takes the node's lock, waiting while another worker holds it.
+pub async fn lock_node(pool: &PgPool, node: &str) -> anyhow::Result<NodeLock> {
+    let mut warned = false;
+    loop {
+        let conn: PoolConnection<Postgres> = pool.acquire().await?;
+        let mut conn = conn.detach();
+        let got: bool = sqlx::query_scalar!(
+            r#"SELECT pg_try_advisory_lock(hashtextextended('gpuslice-node:' || $1, 0)) AS "got!""#,
+            node
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        if got {
+            return Ok(NodeLock { _conn: conn });
+        }
+        let _ = conn.close().await;
+        if !warned {
+            tracing::warn!(node = %node, "another worker runs this node; waiting for it to stop");
+            warned = true;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+fn actor(node: &str) -> String {
+    format!("worker:{node}")
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+) -> anyhow::Result<Result<T, BackendError>> {
+    Ok(tokio::task::spawn_blocking(f).await?)
+}
+
+/// Runs the node's bookings until the task is dropped.
+pub async fn run(pool: PgPool, node: String, backend: Arc<dyn GpuBackend>, settings: Settings) {
+    let _lock = loop {
+        match lock_node(&pool, &node).await {
+            Ok(l) => break l,
+            Err(e) => {
+                tracing::warn!(node = %node, error = format!("{e:#}"), "cannot take the node lock");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    match db::bookings::clear_node_leases(&pool, &node).await {
+        Ok(n) if n > 0 => tracing::info!(node = %node, leases = n, "took over the leases of the previous worker"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(node = %node, error = %e, "cannot clear old leases"),
+    }
+    let owner = format!("{node}/{}", uuid::Uuid::new_v4());
+    let mut tick = tokio::time::interval(settings.tick);
+    let mut n: u32 = 0;
+    loop {
+        tick.tick().await;
+        if n % settings.reconcile_every.max(1) == 0 {
+            if let Err(e) = reconcile(&pool, &node, backend.clone(), &settings).await {
+                tracing::warn!(node = %node, error = format!("{e:#}"), "reconcile failed");
+            }
+        }
+        n = n.wrapping_add(1);
+        if let Err(e) = step(&pool, &node, &owner, backend.clone(), &settings).await {
+            tracing::warn!(node = %node, error = format!("{e:#}"), "booking step failed");
+        }
+    }
+}
+
+/// Claims and performs the due steps of the node once. Returns how many.
+pub async fn step(
+    pool: &PgPool,
+    node: &str,
+    owner: &str,
+    backend: Arc<dyn GpuBackend>,
+    settings: &Settings,
+) -> anyhow::Result<usize> {
+    let due =
+        db::bookings::claim_due(pool, node, owner, settings.lease_secs, settings.warn_secs, 20)
+            .await?;
+    for (id, what) in &due {
+        let result = match what {
+            Due::Provision => provision(pool, node, *id, backend.clone()).await,
+            Due::Expire => expire(pool, node, *id, backend.clone(), settings).await,
+            Due::Teardown => teardown(pool, node, *id, backend.clone(), settings).await,
+            Due::Warn => warn(pool, node, *id).await,
+        };
+        if let Err(e) = result {
+            let msg = format!("{e:#}");
+            tracing::warn!(node = %node, booking = id, error = %msg, "booking step failed; will retry");
+            let attempts = db::bookings::retry_later(pool, *id, &msg).await?;
+            if attempts >= settings.max_attempts {
+                give_up(pool, node, *id, &msg).await?;
+            }
+        }
+    }
+    Ok(due.len())
+}
+
+/// A step failed too often: a booking being provisioned fails (its
+/// instance, if any, is torn down); one being torn down is retried later.
+async fn give_up(pool: &PgPool, node: &str, id: i64, msg: &str) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    let status = db::bookings::lock(&mut tx, id).await?;
+    if status == "provisioning" || status == "scheduled" {
+        db::bookings::begin_release(
+            &mut tx,
+            id,
+            &status,
+            "failed",
+            &actor(node),
+            &format!("could not set up the device: {msg}"),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn placement_of(b: &db::bookings::Booking) -> anyhow::Result<(u32, Placement)> {
+    let model = catalog::model(b.model.as_deref().unwrap_or_default())
+        .ok_or_else(|| anyhow::anyhow!("the GPU model {:?} is not in the catalog", b.model))?;
+    let profile = model
+        .profile(b.profile.as_deref().unwrap_or_default())
+        .ok_or_else(|| anyhow::anyhow!("{} has no profile {:?}", model.id, b.profile))?;
+    let start = b
+        .slice_start
+        .and_then(|s| u8::try_from(s).ok())
+        .ok_or_else(|| anyhow::anyhow!("booking {} has no placement", b.id))?;
+    Ok((
+        profile.nvml_id,
+        Placement {
+            start,
+            size: profile.memory_slices,
+        },
+    ))
+}
+
+fn find_at(instances: &[Instance], profile_id: u32, placement: Placement) -> Option<&Instance> {
+    instances
+        .iter()
+        .find(|i| i.profile_id == profile_id && i.placement == placement)
+}
+
+async fn provision(
+    pool: &PgPool,
+    node: &str,
+    id: i64,
+    backend: Arc<dyn GpuBackend>,
+) -> anyhow::Result<()> {
+    let b = db::bookings::get(pool, id).await?;
+    if b.status == "scheduled" {
+        let mut tx = pool.begin().await?;
+        let moved =
+            db::bookings::transition(&mut tx, id, "scheduled", "provisioning", &actor(node), None)
+                .await?;
+        tx.commit().await?;
+        if !moved {
+            return Ok(());
+        }
+    } else if b.status != "provisioning" {
+        return Ok(());
+    }
+    let gpu = b
+        .gpu_uuid
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("booking {id} has no GPU"))?;
+    let (device, how) = if b.kind == "mig" {
+        let (profile_id, placement) = placement_of(&b)?;
+        let g = gpu.clone();
+        let be = backend.clone();
+        let existing = blocking(move || be.instances(&g)).await??;
+        match find_at(&existing, profile_id, placement).and_then(|i| i.device_uuid.clone()) {
+            // A crash after the create left it there: adopt it.
+            Some(uuid) => (uuid, "device ready (adopted after a restart)"),
+            None => {
+                let g = gpu.clone();
+                let created =
+                    blocking(move || backend.create_instance(&g, profile_id, placement)).await?;
+                match created {
+                    Ok(i) => (
+                        i.device_uuid
+                            .ok_or_else(|| anyhow::anyhow!("the new instance has no MIG device"))?,
+                        "device ready",
+                    ),
+                    Err(e) => anyhow::bail!(
+                        "the GPU refused {} at memory slices {}..{}: {e}",
+                        b.profile.as_deref().unwrap_or_default(),
+                        placement.start,
+                        placement.end()
+                    ),
+                }
+            }
+        }
+    } else {
+        // A time-sliced share runs on the whole GPU, its turn given by the
+        // node's scheduler.
+        (gpu, "share registered on the GPU")
+    };
+    let mut tx = pool.begin().await?;
+    db::bookings::activate(&mut tx, id, &device, &actor(node), how).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn expire(
+    pool: &PgPool,
+    node: &str,
+    id: i64,
+    backend: Arc<dyn GpuBackend>,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    let moved = db::bookings::begin_release(
+        &mut tx,
+        id,
+        "active",
+        "expired",
+        &actor(node),
+        "reached its end",
+    )
+    .await?;
+    tx.commit().await?;
+    if moved {
+        teardown(pool, node, id, backend, settings).await?;
+    }
+    Ok(())
+}
+
+async fn teardown(
+    pool: &PgPool,
+    node: &str,
+    id: i64,
+    backend: Arc<dyn GpuBackend>,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let b = db::bookings::get(pool, id).await?;
+    if b.status != "releasing" {
+        return Ok(());
+    }
+    if b.kind == "mig" {
+        if let (Some(gpu), Ok((profile_id, placement))) = (b.gpu_uuid.clone(), placement_of(&b)) {
+            let g = gpu.clone();
+            let be = backend.clone();
+            let existing = blocking(move || be.instances(&g)).await??;
+            if let Some(gi) = find_at(&existing, profile_id, placement).map(|i| i.gi_id) {
+                let grace = settings.grace;
+                let ended = blocking(move || backend.destroy_instance(&gpu, gi, grace)).await??;
+                if !ended.is_empty() {
+                    tracing::info!(booking = id, processes = ended.len(), "ended processes on the device");
+                }
+            }
+        }
+    }
+    let mut tx = pool.begin().await?;
+    db::bookings::finish_release(&mut tx, id, &actor(node)).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn warn(pool: &PgPool, node: &str, id: i64) -> anyhow::Result<()> {
+    let b = db::bookings::get(pool, id).await?;
+    let left = (b.end - OffsetDateTime::now_utc()).whole_minutes().max(0);
+    let mut tx = pool.begin().await?;
+    db::bookings::mark_warned(
+        &mut tx,
+        id,
+        &actor(node),
+        &format!(
+            "ends in {left} minutes, at {}: save your work",
+            crate::booking::when(b.end)
+        ),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Makes the hardware match the database on this node's MIG GPUs:
+/// instances no live booking owns are destroyed (and audited); an active
+/// booking whose instance vanished gets it back at its slot, or fails with
+/// the reason. Returns (removed, recreated).
+pub async fn reconcile(
+    pool: &PgPool,
+    node: &str,
+    backend: Arc<dyn GpuBackend>,
+    settings: &Settings,
+) -> anyhow::Result<(usize, usize)> {
+    let holders = db::bookings::node_mig_holders(pool, node).await?;
+    let be = backend.clone();
+    let hardware = blocking(move || {
+        let mut out = Vec::new();
+        for g in be.inventory()? {
+            if g.mig_current {
+                out.push((g.uuid.clone(), be.instances(&g.uuid)?));
+            }
+        }
+        Ok(out)
+    })
+    .await??;
+    let mut removed = 0;
+    let mut recreated = 0;
+    for (gpu, instances) in &hardware {
+        for inst in instances {
+            let owned = holders.iter().any(|(_, g, profile, start, _)| {
+                g == gpu && *profile == inst.profile && *start == i32::from(inst.placement.start)
+            });
+            if owned {
+                continue;
+            }
+            let (g, gi, grace, be) = (gpu.clone(), inst.gi_id, settings.grace, backend.clone());
+            blocking(move || be.destroy_instance(&g, gi, grace)).await??;
+            removed += 1;
+            tracing::warn!(node = %node, gpu = %gpu, profile = %inst.profile, start = inst.placement.start,
+                           "removed a MIG instance no booking owns");
+            db::audit::record(
+                pool,
+                &db::audit::Actor {
+                    user_id: None,
+                    email: Some(actor(node)),
+                    client_addr: None,
+                },
+                "reconcile.remove_instance",
+                gpu,
+                serde_json::json!({
+                    "profile": inst.profile, "start": inst.placement.start,
+                    "size": inst.placement.size, "device_uuid": inst.device_uuid,
+                }),
+            )
+            .await?;
+        }
+        for (id, g, profile, start, status) in &holders {
+            if g != gpu || status != "active" {
+                continue;
+            }
+            let present = instances
+                .iter()
+                .any(|i| i.profile == *profile && i32::from(i.placement.start) == *start);
+            if present {
+                continue;
+            }
+            let b = db::bookings::get(pool, *id).await?;
+            let (profile_id, placement) = placement_of(&b)?;
+            let (g2, be) = (gpu.clone(), backend.clone());
+            let made = blocking(move || be.create_instance(&g2, profile_id, placement)).await?;
+            let mut tx = pool.begin().await?;
+            match made {
+                Ok(inst) => {
+                    let device = inst.device_uuid.unwrap_or_default();
+                    db::bookings::set_device(&mut *tx, *id, &device).await?;
+                    db::bookings::event(
+                        &mut *tx,
+                        *id,
+                        &actor(node),
+                        Some("active"),
+                        "active",
+                        &format!("the MIG instance had vanished; recreated as {device}"),
+                    )
+                    .await?;
+                    recreated += 1;
+                }
+                Err(e) => {
+                    db::bookings::begin_release(
+                        &mut tx,
+                        *id,
+                        "active",
+                        "failed",
+                        &actor(node),
+                        &format!("the MIG instance vanished and could not be recreated: {e}"),
+                    )
+                    .await?;
+                }
+            }
+            tx.commit().await?;
+        }
+    }
+    Ok((removed, recreated))
+}
+
+/// Places queued bookings as capacity frees, every `every`, until dropped.
+pub async fn run_planner(pool: PgPool, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        match crate::booking::plan_queue(&pool).await {
+            Ok(n) if n > 0 => tracing::info!(placed = n, "placed queued bookings"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "planning the queue failed"),
+        }
+    }
+}

@@ -1,0 +1,732 @@
+//! Booking end to end through the JSON API and the worker: rules, quota,
+//! races, the queue, release, expiry and reconciliation against the
+//! simulated backend.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::TestApp;
+use gpuslice::gpu::catalog::Placement;
+use gpuslice::gpu::fleet::Fleet;
+use gpuslice::gpu::sim::SimBackend;
+use gpuslice::gpu::GpuBackend;
+use gpuslice::worker::bookings as worker;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// One node: two H100s in MIG mode and one L40S for time-sliced shares.
+const FLEET: &str = r#"
+[[node]]
+name = "n1"
+[[node.gpu]]
+model = "H100-80GB"
+mode = "mig"
+count = 2
+[[node.gpu]]
+model = "L40S-48GB"
+mode = "timeslice"
+count = 1
+max_shares = 3
+"#;
+
+struct World {
+    app: TestApp,
+    node: Arc<SimBackend>,
+}
+
+impl World {
+    async fn new(fleet: &str) -> World {
+        let app = TestApp::spawn().await;
+        let fleet = Fleet::parse(fleet).unwrap();
+        let node = Arc::new(SimBackend::open(&fleet, "n1", None).unwrap());
+        let w = World { app, node };
+        w.report().await;
+        w
+    }
+
+    async fn report(&self) {
+        let b: Arc<dyn GpuBackend> = self.node.clone();
+        gpuslice::worker::report_inventory(&self.app.pool, "n1", b, |_| 3)
+            .await
+            .unwrap();
+    }
+
+    /// A tenant with the given quota (flags as in `tenant add`).
+    async fn tenant(&self, slug: &str, quota: &[(&str, &str)]) {
+        let get = |k: &str| quota.iter().find(|q| q.0 == k).map(|q| q.1.to_string());
+        let args = gpuslice::cli::TenantAddArgs {
+            slug: slug.into(),
+            name: format!("Tenant {slug}"),
+            max_active_bookings: get("active").or(Some("20".into())),
+            max_gpu_memory_gib: get("memory").or(Some("1000".into())),
+            max_compute_slices: get("slices").or(Some("100".into())),
+            monthly_slice_hours: get("budget").or(Some("100000".into())),
+            max_booking_hours: get("hours").or(Some("48".into())),
+            priority: get("priority"),
+            guaranteed_share_pct: None,
+        };
+        gpuslice::cli::tenant_add(&self.app.pool, &args).await.unwrap();
+    }
+
+    /// A user in `tenants` with an API token.
+    async fn person(&self, email: &str, role: &str, tenants: &[&str]) -> String {
+        self.app.user(email, role, tenants).await;
+        gpuslice::cli::token_create(&self.app.pool, email, "test")
+            .await
+            .unwrap()
+    }
+
+    async fn call(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let c = reqwest::Client::new();
+        let url = self.app.url(path);
+        let req = match method {
+            "GET" => c.get(url),
+            _ => c.post(url),
+        }
+        .bearer_auth(token);
+        let req = match body {
+            Some(b) => req.json(&b),
+            None => req,
+        };
+        let r = req.send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn book(&self, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(token, "POST", "/api/v1/bookings", Some(body)).await
+    }
+
+    async fn get(&self, token: &str, id: i64) -> Value {
+        let (s, v) = self
+            .call(token, "GET", &format!("/api/v1/bookings/{id}"), None)
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v
+    }
+
+    /// One pass of the node's worker.
+    async fn step(&self) -> usize {
+        let b: Arc<dyn GpuBackend> = self.node.clone();
+        let settings = worker::Settings {
+            grace: std::time::Duration::from_millis(100),
+            ..Default::default()
+        };
+        worker::step(&self.app.pool, "n1", "n1/test", b, &settings)
+            .await
+            .unwrap()
+    }
+
+    fn instances(&self) -> Vec<gpuslice::gpu::Instance> {
+        self.node
+            .inventory()
+            .unwrap()
+            .iter()
+            .filter(|g| g.mig_current)
+            .flat_map(|g| self.node.instances(&g.uuid).unwrap())
+            .collect()
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.app.one::<i64>(sql).await
+    }
+}
+
+fn mig(tenant: &str, profile: &str, hours: i32) -> Value {
+    json!({"tenant": tenant, "kind": "mig", "profile": profile, "hours": hours})
+}
+
+#[tokio::test]
+async fn a_mig_booking_becomes_a_real_instance_and_goes_away_on_release() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+
+    let (s, b) = w.book(&t, mig("lab", "1g.10gb", 2)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(b["status"], "scheduled");
+    assert_eq!(b["model"], "H100-80GB");
+    assert_eq!(b["placement"]["size"], 1);
+    let id = b["id"].as_i64().unwrap();
+
+    w.step().await;
+    let b = w.get(&t, id).await;
+    assert_eq!(b["status"], "active", "{b}");
+    let device = b["device_uuid"].as_str().unwrap().to_string();
+    assert!(device.starts_with("MIG-"), "{device}");
+    let on_hw = w.instances();
+    assert_eq!(on_hw.len(), 1);
+    assert_eq!(on_hw[0].device_uuid.as_deref(), Some(device.as_str()));
+    assert_eq!(
+        i64::from(on_hw[0].placement.start),
+        b["placement"]["start"].as_i64().unwrap()
+    );
+
+    let (s, b) = w
+        .call(&t, "POST", &format!("/api/v1/bookings/{id}/release"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["status"], "releasing");
+    w.step().await;
+    assert_eq!(w.get(&t, id).await["status"], "released");
+    assert!(w.instances().is_empty(), "the instance must be gone");
+    // Releasing again is refused, with the reason.
+    let (s, e) = w
+        .call(&t, "POST", &format!("/api/v1/bookings/{id}/release"), None)
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(e["message"].as_str().unwrap().contains("released"), "{e}");
+
+    let events: Vec<(Option<String>, String)> = sqlx::query_as(
+        "SELECT from_status, to_status FROM booking_events WHERE booking_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(&w.app.pool)
+    .await
+    .unwrap();
+    let path: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(
+        path,
+        ["scheduled", "provisioning", "active", "releasing", "released"]
+    );
+}
+
+#[tokio::test]
+async fn placement_keeps_the_big_profiles_placeable() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    // Three 1g bookings: a careless first-fit would put them at slices
+    // 0, 1, 2 and make 4g impossible on that GPU; gpuslice keeps 0..3 free.
+    for _ in 0..3 {
+        let (s, b) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        assert!(b["placement"]["start"].as_i64().unwrap() >= 4, "{b}");
+    }
+    let (s, b) = w.book(&t, mig("lab", "4g.40gb", 1)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(b["status"], "scheduled");
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_message_per_field_and_changes_nothing() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[("hours", "4")]).await;
+    w.tenant("other", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (json!({"tenant": "lab", "kind": "mig", "profile": "9g.99gb", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "profile"),
+        (json!({"tenant": "lab", "kind": "gpu", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "kind"),
+        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 0}), StatusCode::UNPROCESSABLE_ENTITY, "hours"),
+        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 5}), StatusCode::UNPROCESSABLE_ENTITY, "at most 4 hours"),
+        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2020-01-01T00:00:00Z"}), StatusCode::UNPROCESSABLE_ENTITY, "in the past"),
+        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2099-01-01T00:00:00Z"}), StatusCode::UNPROCESSABLE_ENTITY, "days ahead"),
+        (json!({"tenant": "other", "kind": "mig", "profile": "1g.10gb", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "not a member"),
+        (json!({"tenant": "lab", "kind": "timeslice", "memory_gib": "lots", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "memory_gib"),
+        (json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 200, "hours": 1}), StatusCode::CONFLICT, "200 GiB"),
+        (json!({"tenant": "lab", "kind": "mig", "model": "A30-24GB", "profile": "1g.6gb", "hours": 1}), StatusCode::CONFLICT, "A30-24GB"),
+        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "colour": "red"}), StatusCode::UNPROCESSABLE_ENTITY, "colour"),
+        (json!(["not", "an", "object"]), StatusCode::UNPROCESSABLE_ENTITY, "object"),
+    ];
+    for (body, status, needle) in cases {
+        let (s, e) = w.book(&t, body.clone()).await;
+        assert_eq!(s, status, "{body} -> {e}");
+        assert!(e["error"].is_string(), "{e}");
+        assert!(e["message"].as_str().unwrap().contains(needle), "{body} -> {e}");
+    }
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 0);
+    // Not JSON at all.
+    let r = reqwest::Client::new()
+        .post(w.app.url("/api/v1/bookings"))
+        .bearer_auth(&t)
+        .header("content-type", "application/json")
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["message"].is_string());
+    // Without a token.
+    let r = reqwest::Client::new()
+        .post(w.app.url("/api/v1/bookings"))
+        .json(&mig("lab", "1g.10gb", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn quota_is_checked_in_every_dimension_over_the_whole_window() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[("active", "2"), ("memory", "45"), ("slices", "3"), ("budget", "10")])
+        .await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+
+    // Compute slices: a 4g is 4 of 3.
+    let (s, e) = w.book(&t, mig("lab", "4g.40gb", 1)).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(e["message"].as_str().unwrap().contains("compute slices"), "{e}");
+    // Memory: 46 GiB of 45.
+    let (s, e) = w
+        .book(&t, json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 46, "hours": 1}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(e["message"].as_str().unwrap().contains("GiB of GPU memory"), "{e}");
+    // Budget: 2 slices x 6 h = 12 slice-hours of 10.
+    let (s, e) = w.book(&t, mig("lab", "2g.20gb", 6)).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert!(e["message"].as_str().unwrap().starts_with("budget:"), "{e}");
+    // Active bookings: two fit, the third is refused with the count.
+    assert_eq!(w.book(&t, mig("lab", "1g.10gb", 2)).await.0, StatusCode::CREATED);
+    assert_eq!(w.book(&t, mig("lab", "1g.10gb", 2)).await.0, StatusCode::CREATED);
+    let (s, e) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(
+        e["message"],
+        "quota: 2 of 2 active bookings in use during that time (lab)"
+    );
+    // After both end, the same tenant may book again: quota is about the
+    // window, not about all bookings ever.
+    let later = (time::OffsetDateTime::now_utc() + time::Duration::hours(3))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let (s, b) = w
+        .book(&t, json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": later}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 3);
+}
+
+#[tokio::test]
+async fn nobody_sees_or_touches_another_tenants_booking() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    w.tenant("rival", &[]).await;
+    let ana = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let bob = w.person("bob@uni.edu", "none", &["rival"]).await;
+    let boss = w.person("boss@uni.edu", "none", &["rival:manager"]).await;
+    let (_, b) = w.book(&ana, mig("lab", "1g.10gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    for t in [&bob, &boss] {
+        let (s, e) = w.call(t, "GET", &format!("/api/v1/bookings/{id}"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{e}");
+        let (s, _) = w
+            .call(t, "POST", &format!("/api/v1/bookings/{id}/release"), Some(json!({"reason": "mine now"})))
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        let (s, _) = w
+            .call(t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 1})))
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        let (_, list) = w.call(t, "GET", "/api/v1/bookings", None).await;
+        assert_eq!(list["bookings"].as_array().unwrap().len(), 0);
+        let (s, _) = w.call(t, "GET", "/api/v1/bookings?scope=tenant&tenant=lab", None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+    }
+    let (s, _) = w.call(&bob, "GET", "/api/v1/bookings?scope=all", None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(w.get(&ana, id).await["status"], "scheduled");
+}
+
+#[tokio::test]
+async fn managers_and_admins_may_end_a_booking_with_a_reason_that_is_audited() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let ana = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let ta = w.person("ta@uni.edu", "none", &["lab:manager"]).await;
+    let admin = w.person("root@uni.edu", "admin", &[]).await;
+    let (_, b) = w.book(&ana, mig("lab", "1g.10gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    w.step().await;
+    let (_, list) = w.call(&ta, "GET", "/api/v1/bookings?tenant=lab", None).await;
+    assert_eq!(list["bookings"][0]["id"], id);
+    let (s, e) = w.call(&ta, "POST", &format!("/api/v1/bookings/{id}/release"), None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("reason"));
+    let (s, _) = w
+        .call(&ta, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 1})))
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, b) = w
+        .call(&admin, "POST", &format!("/api/v1/bookings/{id}/release"), Some(json!({"reason": "GPU maintenance"})))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["status"], "releasing");
+    let audit: (String, Value) = sqlx::query_as(
+        "SELECT actor_email, detail FROM audit_log WHERE action = 'booking.force_release'",
+    )
+    .fetch_one(&w.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(audit.0, "root@uni.edu");
+    assert_eq!(audit.1["reason"], "GPU maintenance");
+    w.step().await;
+    assert_eq!(w.get(&ana, id).await["status"], "released");
+    assert!(w.instances().is_empty());
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_makes_one_booking() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let send = || async {
+        reqwest::Client::new()
+            .post(w.app.url("/api/v1/bookings"))
+            .bearer_auth(&t)
+            .header("Idempotency-Key", "run-42")
+            .json(&mig("lab", "1g.10gb", 1))
+            .send()
+            .await
+            .unwrap()
+    };
+    let (a, b) = tokio::join!(send(), send());
+    let mut codes = [a.status().as_u16(), b.status().as_u16()];
+    codes.sort();
+    assert_eq!(codes, [200, 201]);
+    let a: Value = a.json().await.unwrap();
+    let b: Value = b.json().await.unwrap();
+    assert_eq!(a["id"], b["id"]);
+    let r = send().await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 1);
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_posts_never_exceed_the_quota_nor_fail() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[("active", "5")]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let c = client.clone();
+        let url = w.app.url("/api/v1/bookings");
+        let t = t.clone();
+        tasks.push(tokio::spawn(async move {
+            c.post(url)
+                .bearer_auth(t)
+                .json(&mig("lab", "1g.10gb", 1))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        let s = task.await.unwrap();
+        assert!(!s.is_server_error(), "a 5xx under load: {s}");
+        assert!(s == StatusCode::CREATED || s == StatusCode::CONFLICT, "{s}");
+        if s == StatusCode::CREATED {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 5);
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 5);
+}
+
+#[tokio::test]
+async fn two_tenants_racing_for_the_last_slot_exactly_one_wins() {
+    // One H100: a 7g takes all of it.
+    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    for round in 0..3 {
+        let w = World::new(fleet).await;
+        w.tenant("lab-a", &[]).await;
+        w.tenant("lab-b", &[]).await;
+        let ta = w.person("a@uni.edu", "none", &["lab-a"]).await;
+        let tb = w.person("b@uni.edu", "none", &["lab-b"]).await;
+        let (ra, rb) = tokio::join!(w.book(&ta, mig("lab-a", "7g.80gb", 1)), w.book(&tb, mig("lab-b", "7g.80gb", 1)));
+        assert_eq!(ra.0, StatusCode::CREATED, "{}", ra.1);
+        assert_eq!(rb.0, StatusCode::CREATED, "{}", rb.1);
+        let mut statuses = [ra.1["status"].as_str().unwrap().to_string(), rb.1["status"].as_str().unwrap().to_string()];
+        statuses.sort();
+        assert_eq!(statuses, ["queued", "scheduled"], "round {round}");
+        let queued = if ra.1["status"] == "queued" { &ra.1 } else { &rb.1 };
+        assert!(queued["reason"].as_str().unwrap().contains("earliest start"), "{queued}");
+        assert!(queued["earliest_start"].is_string());
+    }
+}
+
+#[tokio::test]
+async fn the_database_refuses_overlapping_mig_bookings_on_its_own() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let (_, b) = w.book(&t, mig("lab", "1g.10gb", 2)).await;
+    let id = b["id"].as_i64().unwrap();
+    // Copy it by hand onto an overlapping slot: the exclusion constraint says no.
+    let r = sqlx::query(
+        "INSERT INTO bookings (tenant_id, user_id, kind, model, profile, memory_gib, compute_slices,
+                               priority, hours, during, status, gpu_id, slices)
+         SELECT tenant_id, user_id, kind, model, profile, memory_gib, compute_slices, priority, hours,
+                tstzrange(lower(during) + interval '1 hour', upper(during) + interval '1 hour'),
+                'scheduled', gpu_id, slices
+         FROM bookings WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&w.app.pool)
+    .await;
+    let e = r.unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.constraint()),
+        Some("bookings_no_overlap")
+    );
+}
+
+#[tokio::test]
+async fn a_queued_booking_is_placed_when_capacity_frees() {
+    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let w = World::new(fleet).await;
+    w.tenant("lab-a", &[]).await;
+    w.tenant("lab-b", &[]).await;
+    let ta = w.person("a@uni.edu", "none", &["lab-a"]).await;
+    let tb = w.person("b@uni.edu", "none", &["lab-b"]).await;
+    let (_, first) = w.book(&ta, mig("lab-a", "4g.40gb", 2)).await;
+    let (_, second) = w.book(&ta, mig("lab-a", "3g.40gb", 2)).await;
+    assert_eq!(second["status"], "scheduled");
+    let (s, waiting) = w.book(&tb, mig("lab-b", "4g.40gb", 1)).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(waiting["status"], "queued");
+    assert!(
+        waiting["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("no capacity on any GPU for 4g.40gb between"),
+        "{waiting}"
+    );
+    let id = waiting["id"].as_i64().unwrap();
+    // Nothing frees: the planner leaves it queued.
+    assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 0);
+    let first_id = first["id"].as_i64().unwrap();
+    w.call(&ta, "POST", &format!("/api/v1/bookings/{first_id}/release"), None).await;
+    assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 1);
+    let b = w.get(&tb, id).await;
+    assert_eq!(b["status"], "scheduled", "{b}");
+    assert_eq!(b["placement"]["start"], 0);
+    w.step().await;
+    w.step().await;
+    assert_eq!(w.get(&tb, id).await["status"], "active");
+}
+
+#[tokio::test]
+async fn shares_respect_gpu_memory_and_the_share_limit() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let share = |gib: i32| json!({"tenant": "lab", "kind": "timeslice", "memory_gib": gib, "priority": "high", "hours": 1});
+    let (s, b) = w.book(&t, share(30)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(b["status"], "scheduled");
+    assert_eq!(b["model"], "L40S-48GB");
+    assert_eq!(b["priority"], "high");
+    assert_eq!(b["compute_slices"], 5); // 30 of 48 GiB, in sevenths, rounded up
+    // 20 more GiB do not fit in the 18 left: queued.
+    let (_, b2) = w.book(&t, share(20)).await;
+    assert_eq!(b2["status"], "queued", "{b2}");
+    // Two small ones fit, then the share limit (3) is reached.
+    assert_eq!(w.book(&t, share(8)).await.1["status"], "scheduled");
+    assert_eq!(w.book(&t, share(8)).await.1["status"], "scheduled");
+    assert_eq!(w.book(&t, share(1)).await.1["status"], "queued");
+    w.step().await;
+    w.step().await;
+    let id = b["id"].as_i64().unwrap();
+    let b = w.get(&t, id).await;
+    assert_eq!(b["status"], "active");
+    assert!(b["device_uuid"].as_str().unwrap().starts_with("GPU-"));
+}
+
+#[tokio::test]
+async fn a_booking_ahead_waits_for_its_start_and_can_be_cancelled() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let start = (time::OffsetDateTime::now_utc() + time::Duration::hours(5))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let (s, b) = w
+        .book(&t, json!({"tenant": "lab", "kind": "mig", "profile": "2g.20gb", "hours": 2, "start": start}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let id = b["id"].as_i64().unwrap();
+    assert_eq!(w.step().await, 0);
+    assert_eq!(w.get(&t, id).await["status"], "scheduled");
+    assert!(w.instances().is_empty());
+    let (s, b) = w
+        .call(&t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 3})))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["hours"], 5);
+    let (_, b) = w.call(&t, "POST", &format!("/api/v1/bookings/{id}/release"), None).await;
+    assert_eq!(b["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn extension_stops_at_the_next_booking_of_the_slot() {
+    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let w = World::new(fleet).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let (_, now) = w.book(&t, mig("lab", "7g.80gb", 2)).await;
+    let later = (time::OffsetDateTime::now_utc() + time::Duration::hours(3))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let (_, next) = w
+        .book(&t, json!({"tenant": "lab", "kind": "mig", "profile": "7g.80gb", "hours": 1, "start": later}))
+        .await;
+    assert_eq!(next["status"], "scheduled", "{next}");
+    let id = now["id"].as_i64().unwrap();
+    let (s, e) = w
+        .call(&t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 2})))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("booked by someone else"), "{e}");
+    assert_eq!(w.get(&t, id).await["hours"], 2);
+}
+
+#[tokio::test]
+async fn the_worker_warns_before_the_end_and_expires_at_the_end() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let (_, b) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    w.step().await;
+    // Move the end into the warning time.
+    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during), now() + interval '5 minutes') WHERE id = $1")
+        .bind(id)
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    w.step().await;
+    let warned: String = sqlx::query_scalar(
+        "SELECT reason FROM booking_events WHERE booking_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(id)
+    .fetch_one(&w.app.pool)
+    .await
+    .unwrap();
+    assert!(warned.contains("save your work"), "{warned}");
+    assert_eq!(w.step().await, 0, "one warning only");
+    // And past the end.
+    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '2 hours', now() - interval '1 second') WHERE id = $1")
+        .bind(id)
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    w.step().await;
+    assert_eq!(w.get(&t, id).await["status"], "expired");
+    assert!(w.instances().is_empty());
+}
+
+#[tokio::test]
+async fn reconcile_removes_strays_and_recreates_what_a_booking_should_have() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let (_, b) = w.book(&t, mig("lab", "3g.40gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    w.step().await;
+    let device = w.get(&t, id).await["device_uuid"].as_str().unwrap().to_string();
+    let gpus = w.node.inventory().unwrap();
+    // A stray instance nobody booked, on the other GPU.
+    let other = gpus
+        .iter()
+        .find(|g| g.mig_current && Some(g.uuid.as_str()) != b["gpu"].as_str())
+        .unwrap();
+    w.node
+        .create_instance(&other.uuid, 19, Placement { start: 0, size: 1 })
+        .unwrap();
+    // And the booking's own instance vanishes.
+    let gpu = b["gpu"].as_str().unwrap().to_string();
+    let mine = w.node.instances(&gpu).unwrap()[0].gi_id;
+    w.node
+        .destroy_instance(&gpu, mine, std::time::Duration::ZERO)
+        .unwrap();
+
+    let backend: Arc<dyn GpuBackend> = w.node.clone();
+    let (removed, recreated) =
+        worker::reconcile(&w.app.pool, "n1", backend, &worker::Settings::default())
+            .await
+            .unwrap();
+    assert_eq!((removed, recreated), (1, 1));
+    assert!(w.node.instances(&other.uuid).unwrap().is_empty());
+    let b = w.get(&t, id).await;
+    assert_eq!(b["status"], "active");
+    assert_ne!(b["device_uuid"].as_str().unwrap(), device);
+    assert_eq!(w.node.instances(&gpu).unwrap().len(), 1);
+    assert_eq!(
+        w.count("SELECT count(*) FROM audit_log WHERE action = 'reconcile.remove_instance'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_failing_create_is_retried_then_fails_with_a_reason() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let (_, b) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    w.node.fail_next_create("the driver is busy");
+    w.step().await;
+    let b = w.get(&t, id).await;
+    assert_eq!(b["status"], "provisioning");
+    assert!(b["reason"].as_str().unwrap().contains("the driver is busy"), "{b}");
+    // Retried after the backoff: make it due now, and it succeeds.
+    sqlx::query("UPDATE bookings SET next_attempt_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    w.step().await;
+    assert_eq!(w.get(&t, id).await["status"], "active");
+
+    // A create that keeps failing fails the booking after the last attempt.
+    let (_, b) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
+    let id = b["id"].as_i64().unwrap();
+    for _ in 0..5 {
+        w.node.fail_next_create("no luck");
+        sqlx::query("UPDATE bookings SET next_attempt_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&w.app.pool)
+            .await
+            .unwrap();
+        w.step().await;
+    }
+    w.step().await;
+    let b = w.get(&t, id).await;
+    assert_eq!(b["status"], "failed", "{b}");
+    assert!(b["reason"].as_str().unwrap().contains("no luck"), "{b}");
+}
+
+#[tokio::test]
+async fn offerings_list_what_the_fleet_has_with_room_now() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    w.book(&t, mig("lab", "7g.80gb", 1)).await;
+    let (s, o) = w.call(&t, "GET", "/api/v1/offerings", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let list = o["offerings"].as_array().unwrap();
+    let seven = list.iter().find(|o| o["profile"] == "7g.80gb").unwrap();
+    assert_eq!((seven["gpus"].as_i64(), seven["available_now"].as_i64()), (Some(2), Some(1)));
+    let share = list.iter().find(|o| o["kind"] == "timeslice").unwrap();
+    assert_eq!(share["model"], "L40S-48GB");
+    assert_eq!(share["available_now"], 1);
+}
