@@ -247,3 +247,84 @@ async fn admin_signs_in_and_edits_a_quota_in_a_browser() {
 
     c.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
+    use std::sync::Arc;
+    let app = TestApp::spawn().await;
+    app.tenant("cs-101").await;
+    app.user("student@uni.edu", "none", &["cs-101"]).await;
+    // A worker for one simulated node, as `gpuslice serve` runs it.
+    let fleet = gpuslice::gpu::fleet::Fleet::demo();
+    let node = Arc::new(gpuslice::gpu::sim::SimBackend::open(&fleet, "gpu-node-1", None).unwrap());
+    let backend: Arc<dyn gpuslice::gpu::GpuBackend> = node.clone();
+    gpuslice::worker::report_inventory(&app.pool, "gpu-node-1", backend.clone(), |_| 4)
+        .await
+        .unwrap();
+    let settings = gpuslice::worker::bookings::Settings {
+        tick: Duration::from_millis(200),
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let worker = tokio::spawn(gpuslice::worker::bookings::run(
+        app.pool.clone(),
+        "gpu-node-1".into(),
+        backend,
+        settings,
+    ));
+    let Some((c, _driver)) = browser().await else {
+        worker.abort();
+        return;
+    };
+
+    c.goto(&app.url("/login")).await.unwrap();
+    c.find(Locator::Id("email")).await.unwrap().send_keys("student@uni.edu").await.unwrap();
+    c.find(Locator::Id("password")).await.unwrap().send_keys(PASSWORD).await.unwrap();
+    c.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    c.wait().for_element(Locator::LinkText("Book a slice")).await.unwrap();
+    screenshot(&c, "student-dashboard.png").await;
+    c.find(Locator::LinkText("Book a slice")).await.unwrap().click().await.unwrap();
+    let profile = c.wait().for_element(Locator::Id("profile")).await.unwrap();
+    profile.select_by_value("1g.10gb").await.unwrap();
+    c.find(Locator::Id("model")).await.unwrap().select_by_value("H100-80GB").await.unwrap();
+    // The availability panel follows the model (htmx).
+    c.wait()
+        .for_element(Locator::XPath("//div[@id='availability']//td[text()='H100-80GB']"))
+        .await
+        .unwrap();
+    let hours = c.find(Locator::Id("hours")).await.unwrap();
+    hours.clear().await.unwrap();
+    hours.send_keys("2").await.unwrap();
+    screenshot(&c, "student-book-form.png").await;
+    c.find(Locator::Css("#booking-form button.primary")).await.unwrap().click().await.unwrap();
+
+    // The booking page turns active by itself (htmx polling), no reload.
+    let device = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("code#device"))
+        .await
+        .unwrap();
+    let uuid = device.text().await.unwrap();
+    assert!(uuid.starts_with("MIG-"), "{uuid}");
+    let status = c.find(Locator::Id("status")).await.unwrap().text().await.unwrap();
+    assert_eq!(status, "active");
+    screenshot(&c, "student-booking-active.png").await;
+
+    // Release: the confirm dialog is accepted, and the page shows the end.
+    c.find(Locator::Id("release")).await.unwrap().click().await.unwrap();
+    c.accept_alert().await.unwrap();
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#status.status-released"))
+        .await
+        .unwrap();
+    screenshot(&c, "student-booking-released.png").await;
+    assert!(gpuslice::gpu::GpuBackend::inventory(&*node)
+        .unwrap()
+        .iter()
+        .filter(|g| g.mig_current)
+        .all(|g| gpuslice::gpu::GpuBackend::instances(&*node, &g.uuid).unwrap().is_empty()));
+    c.close().await.unwrap();
+    worker.abort();
+}
