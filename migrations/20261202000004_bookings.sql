@@ -57,6 +57,7 @@ CREATE INDEX bookings_user_idx ON bookings (user_id, created_at DESC);
 CREATE INDEX bookings_live_idx ON bookings (gpu_id)
     WHERE status IN ('scheduled', 'provisioning', 'active', 'releasing');
 CREATE INDEX bookings_queued_idx ON bookings (created_at) WHERE status = 'queued';
+CREATE INDEX bookings_created_idx ON bookings (created_at);
 
 CREATE TABLE booking_events (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

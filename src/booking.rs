@@ -69,6 +69,10 @@ pub enum BookingError {
     NotFound,
     #[error("{0}")]
     Forbidden(String),
+    /// Someone changed the capacity between our look and our write; the
+    /// caller plans again.
+    #[error("capacity changed while booking; try again")]
+    Retry,
     #[error(transparent)]
     Db(#[from] sqlx::Error),
 }
@@ -124,16 +128,22 @@ struct Fleet {
     mix: ProfileMix,
 }
 
+/// Loads the bookable GPUs (of `kind` only, when given) with their live
+/// bookings.
 async fn load_fleet(
     tx: &mut Transaction<'_, Postgres>,
+    kind: Option<Kind>,
     allowed_models: &[String],
+    asked: &[(String, String, i64)],
 ) -> sqlx::Result<Fleet> {
+    let mode = kind.map(|k| if k == Kind::Mig { "mig" } else { "timeslice" });
     let gpus: Vec<Bookable> = db::fleet::bookable(&mut **tx)
         .await?
         .into_iter()
+        .filter(|g| mode.is_none_or(|m| g.mode == m))
         .filter(|g| allowed_models.is_empty() || allowed_models.contains(&g.model))
         .collect();
-    let placed = db::bookings::placed_live(&mut **tx).await?;
+    let placed = db::bookings::placed_live(&mut **tx, kind.map(Kind::as_str)).await?;
     let mut by_gpu: HashMap<i64, Vec<&db::bookings::Placed>> = HashMap::new();
     for p in &placed {
         by_gpu.entry(p.gpu_id).or_default().push(p);
@@ -192,33 +202,29 @@ async fn load_fleet(
             fleet.shared_ids.push(g.id);
         }
     }
-    fleet.mix = profile_mix(tx, &fleet.mig).await?;
+    fleet.mix = profile_mix(asked, &fleet.mig);
     fleet.gpus = gpus;
     Ok(fleet)
 }
 
 /// The profile mix placement keeps room for: what tenants asked for in the
 /// last 30 days, once there are enough bookings to say; until then every
-/// profile equally.
-async fn profile_mix(
-    tx: &mut Transaction<'_, Postgres>,
-    mig: &[MigGpu],
-) -> sqlx::Result<ProfileMix> {
-    let counts = db::bookings::recent_profile_counts(&mut **tx).await?;
+/// profile equally. It is read before the placement lock: a statistic a
+/// moment old serves as well, and the serialised section stays short.
+fn profile_mix(counts: &[(String, String, i64)], mig: &[MigGpu]) -> ProfileMix {
     let total: i64 = counts.iter().map(|c| c.2).sum();
     if total >= 20 {
         let mut by_profile: HashMap<String, f64> = HashMap::new();
         for (_, profile, n) in counts {
-            *by_profile.entry(profile).or_default() += n as f64 / total as f64;
+            *by_profile.entry(profile.clone()).or_default() += *n as f64 / total as f64;
         }
         let mut mix: Vec<(String, f64)> = by_profile.into_iter().collect();
         mix.sort_by(|a, b| a.0.cmp(&b.0));
-        return Ok(ProfileMix(mix));
+        return ProfileMix(mix);
     }
-    Ok(mig
-        .first()
+    mig.first()
         .map(|g| pmig::default_mix(g.model))
-        .unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// Where a request landed.
@@ -454,8 +460,20 @@ fn check_request(
     }
 }
 
-fn is_exclusion_violation(e: &BookingError) -> bool {
-    matches!(e, BookingError::Db(sqlx::Error::Database(d)) if d.code().as_deref() == Some("23P01"))
+/// Another booking took the slot first (exclusion constraint) or the
+/// share's GPU filled up: plan again.
+fn is_lost_race(e: &BookingError) -> bool {
+    matches!(e, BookingError::Retry)
+        || matches!(e, BookingError::Db(sqlx::Error::Database(d)) if d.code().as_deref() == Some("23P01"))
+}
+
+/// Serialises placement decisions of one kind across every process:
+/// bookings that would all pick the same best slot queue here instead of
+/// colliding on the exclusion constraint and planning again (which costs
+/// O(n²) plans under a burst). Taken after the tenant's lock, always in
+/// that order, and released at commit.
+async fn lock_placement(tx: &mut Transaction<'_, Postgres>, kind: Kind) -> sqlx::Result<()> {
+    db::bookings::advisory_xact_lock(&mut **tx, &format!("gpuslice-placement:{}", kind.as_str())).await
 }
 
 /// Creates a booking: scheduled on a GPU when capacity allows, queued with
@@ -489,7 +507,7 @@ pub async fn create(
     let mut last = None;
     for _ in 0..5 {
         match try_create(pool, who, tenant_id, req, idempotency_key, settings).await {
-            Err(e) if is_exclusion_violation(&e) => last = Some(e),
+            Err(e) if is_lost_race(&e) => last = Some(e),
             Err(BookingError::Db(sqlx::Error::Database(d)))
                 if d.constraint() == Some("bookings_idempotency_key") =>
             {
@@ -525,7 +543,9 @@ async fn try_create(
         start: ts(start),
         end: ts(end),
     };
-    let fleet = load_fleet(&mut tx, &tenant.quota.allowed_models).await?;
+    let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
+    lock_placement(&mut tx, req.kind()).await?;
+    let fleet = load_fleet(&mut tx, Some(req.kind()), &tenant.quota.allowed_models, &asked).await?;
     let priority = priority_of(req, &tenant);
     let spot = find_spot(&fleet, req, window);
     let (memory, slices, model) = match &spot {
@@ -623,7 +643,7 @@ async fn lock_and_check_share(
     window: Window,
 ) -> Result<(), BookingError> {
     db::fleet::lock_gpu(&mut **tx, gpu.id).await?;
-    let here: Vec<ShareHeld> = db::bookings::placed_live(&mut **tx)
+    let here: Vec<ShareHeld> = db::bookings::placed_live(&mut **tx, Some("timeslice"))
         .await?
         .into_iter()
         .filter(|p| p.gpu_id == gpu.id)
@@ -647,8 +667,34 @@ async fn lock_and_check_share(
         .map(|_| ())
         .map_err(|_| {
             // Another share took the room since we looked: plan again.
-            BookingError::Db(sqlx::Error::Protocol("share capacity changed".into()))
+            BookingError::Retry
         })
+}
+
+/// Remembers what the queue planner last saw, so that a pass runs only
+/// when capacity may have freed: a booking ended (released, expired,
+/// cancelled, failed), the bookable fleet changed, or a minute passed.
+#[derive(Debug, Default)]
+pub struct Planner {
+    seen: Option<(i64, i64)>,
+    last_pass: Option<std::time::Instant>,
+}
+
+impl Planner {
+    /// Plans the queue if anything may have changed since the last pass.
+    pub async fn tick(&mut self, pool: &PgPool) -> Result<usize, BookingError> {
+        let now_seen = db::bookings::capacity_fingerprint(pool).await?;
+        let stale = self
+            .last_pass
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60));
+        if self.seen == Some(now_seen) && !stale {
+            return Ok(0);
+        }
+        let placed = plan_queue(pool).await?;
+        self.seen = Some(now_seen);
+        self.last_pass = Some(std::time::Instant::now());
+        Ok(placed)
+    }
 }
 
 /// Tries to place queued bookings, highest priority first and fair across
@@ -675,21 +721,39 @@ pub async fn plan_queue(pool: &PgPool) -> Result<usize, BookingError> {
         .collect();
     order.sort();
     let mut placed = 0;
+    // Shapes that found no room in this pass: an identical request behind
+    // them would not either (placing others only takes capacity away).
+    let mut no_room: std::collections::HashSet<String> = Default::default();
     for (_, _, _, id) in order {
-        match place_one_queued(pool, id).await {
+        match place_one_queued(pool, id, &mut no_room).await {
             Ok(true) => placed += 1,
             Ok(false) => {}
-            Err(e) if is_exclusion_violation(&e) => {}
-            Err(BookingError::Db(sqlx::Error::Protocol(_))) => {}
+            Err(e) if is_lost_race(&e) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(placed)
 }
 
-async fn place_one_queued(pool: &PgPool, id: i64) -> Result<bool, BookingError> {
+async fn place_one_queued(
+    pool: &PgPool,
+    id: i64,
+    no_room: &mut std::collections::HashSet<String>,
+) -> Result<bool, BookingError> {
     let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(OffsetDateTime::now_utc());
     let b = db::bookings::get(pool, id).await?;
+    let shape = format!(
+        "{}/{:?}/{}/{:?}/{}/{}",
+        b.kind,
+        b.profile,
+        b.memory_gib,
+        b.requested_model,
+        b.hours,
+        b.start.max(now).unix_timestamp() / 60
+    );
+    if no_room.contains(&shape) {
+        return Ok(false);
+    }
     let mut tx = pool.begin().await?;
     let tenant = db::tenants::get_for_update(&mut tx, b.tenant_id).await?;
     if db::bookings::lock(&mut tx, id).await? != "queued" {
@@ -716,7 +780,9 @@ async fn place_one_queued(pool: &PgPool, id: i64) -> Result<bool, BookingError> 
         start: ts(start),
         end: ts(end),
     };
-    let fleet = load_fleet(&mut tx, &tenant.quota.allowed_models).await?;
+    let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
+    lock_placement(&mut tx, req.kind()).await?;
+    let fleet = load_fleet(&mut tx, Some(req.kind()), &tenant.quota.allowed_models, &asked).await?;
     match find_spot(&fleet, &req, window) {
         Ok(s) => {
             let memory = memory_of(&req, Some(&s.model));
@@ -737,6 +803,9 @@ async fn place_one_queued(pool: &PgPool, id: i64) -> Result<bool, BookingError> 
             Ok(ok)
         }
         Err(refusal) => {
+            if tenant.quota.allowed_models.is_empty() {
+                no_room.insert(shape);
+            }
             let reason = queued_reason(&req, &refusal, start, end);
             db::bookings::set_reason(&mut *tx, id, &reason, refusal.earliest_start.map(at)).await?;
             tx.commit().await?;
@@ -854,7 +923,7 @@ pub async fn extend(
             BookingError::Refused("the booking's GPU takes no new bookings now".into())
         })?;
         let ext = Window { start: ts(b.end), end: ts(new_end) };
-        let here: Vec<ShareHeld> = db::bookings::placed_live(&mut *tx)
+        let here: Vec<ShareHeld> = db::bookings::placed_live(&mut *tx, Some("timeslice"))
             .await?
             .into_iter()
             .filter(|p| p.gpu_id == gpu_id && p.id != id)
@@ -910,7 +979,7 @@ pub struct Offering {
 /// Every profile and share kind the fleet offers, with availability now.
 pub async fn offerings(pool: &PgPool) -> sqlx::Result<Vec<Offering>> {
     let mut tx = pool.begin().await?;
-    let fleet = load_fleet(&mut tx, &[]).await?;
+    let fleet = load_fleet(&mut tx, None, &[], &[]).await?;
     tx.rollback().await?;
     let now = ts(OffsetDateTime::now_utc());
     let next_hour = Window {

@@ -361,8 +361,8 @@ pub struct Placed {
     pub end: i64,
 }
 
-/// Every placed live booking that has not ended.
-pub async fn placed_live(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Placed>> {
+/// Every placed live booking (of `kind`, when given) that has not ended.
+pub async fn placed_live(db: impl PgExecutor<'_>, kind: Option<&str>) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
         Placed,
         r#"SELECT id, gpu_id AS "gpu_id!", kind, profile, lower(slices) AS slice_start, memory_gib,
@@ -370,7 +370,8 @@ pub async fn placed_live(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Placed>> {
                   extract(epoch FROM upper(during))::bigint AS "end!"
            FROM bookings
            WHERE status IN ('scheduled', 'provisioning', 'active', 'releasing')
-             AND gpu_id IS NOT NULL AND upper(during) > now()"#
+             AND gpu_id IS NOT NULL AND upper(during) > now() AND ($1::text IS NULL OR kind = $1)"#,
+        kind
     )
     .fetch_all(db)
     .await
@@ -674,4 +675,25 @@ pub async fn node_mig_holders(
         .into_iter()
         .map(|r| (r.id, r.uuid, r.profile, r.start, r.status))
         .collect())
+}
+
+/// Takes a transaction-level advisory lock named `key` (released at commit).
+pub async fn advisory_xact_lock(db: impl PgExecutor<'_>, key: &str) -> sqlx::Result<()> {
+    sqlx::query!("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", key)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Changes when capacity may have freed: the newest event that ended a
+/// booking, and the number of bookable GPUs.
+pub async fn capacity_fingerprint(db: impl PgExecutor<'_>) -> sqlx::Result<(i64, i64)> {
+    let r = sqlx::query!(
+        r#"SELECT COALESCE((SELECT max(id) FROM booking_events
+                            WHERE to_status IN ('released', 'expired', 'cancelled', 'failed')), 0) AS "ended!",
+                  (SELECT count(*) FROM gpus WHERE healthy AND mode <> 'drained') AS "gpus!""#
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((r.ended, r.gpus))
 }

@@ -233,21 +233,32 @@ pub fn place(
             earliest_start: None,
         });
     }
-    // Try starting at each end of a booking that blocks the window.
-    let mut ends: Vec<i64> = gpus
+    // The earliest start: on each GPU, feasibility changes only where one
+    // of its own bookings ends, so try those ends per GPU and take the
+    // smallest (the same answer as trying every end in the fleet, at a
+    // fraction of the cost).
+    let earliest = gpus
         .iter()
-        .flat_map(|g| g.bookings.iter().map(|b| b.window.end))
-        .filter(|&e| e > window.start)
-        .collect();
-    ends.sort_unstable();
-    ends.dedup();
-    let earliest = ends.into_iter().find(|&start| {
-        let w = Window {
-            start,
-            end: start + window.len(),
-        };
-        best_slot(gpus, profile, model, w, MigPolicy::FirstFit, mix).is_some()
-    });
+        .filter(|g| model.is_none_or(|m| g.model.id == m))
+        .filter_map(|g| {
+            let p = g.model.profile(profile)?;
+            let mut ends: Vec<i64> = g
+                .bookings
+                .iter()
+                .map(|b| b.window.end)
+                .filter(|&e| e > window.start)
+                .collect();
+            ends.sort_unstable();
+            ends.dedup();
+            ends.into_iter().find(|&start| {
+                let w = Window {
+                    start,
+                    end: start + window.len(),
+                };
+                !mig::free_placements(g.model, &g.present(w), p.nvml_id).is_empty()
+            })
+        })
+        .min();
     Err(Refusal {
         reason: format!("no free slot for {profile} in the requested window"),
         earliest_start: earliest,

@@ -127,9 +127,16 @@ pub fn place_share(
         reason: format!(
             "no time-sliced GPU has {memory_gib} GiB and a free share in the requested window"
         ),
-        earliest_start: earliest(gpus, window, |w| {
-            pick_share(gpus, memory_gib, model, w).is_some()
-        }),
+        // Per GPU, as for MIG: only its own ends can make room on it.
+        earliest_start: gpus
+            .iter()
+            .filter(|g| model_ok(g, model) && g.memory_gib >= memory_gib)
+            .filter_map(|g| {
+                earliest(std::slice::from_ref(g), window, |w| {
+                    g.room_for_share(w).is_some_and(|room| room >= memory_gib)
+                })
+            })
+            .min(),
     })
 }
 

@@ -45,6 +45,7 @@ impl From<BookingError> for AppError {
             BookingError::Refused(m) => AppError::Conflict(m),
             BookingError::NotFound => AppError::NotFound,
             BookingError::Forbidden(m) => AppError::Forbidden(m),
+            BookingError::Retry => AppError::Conflict(e.to_string()),
             BookingError::Db(e) => e.into(),
         }
     }

@@ -437,9 +437,10 @@ pub async fn reconcile(
 /// Places queued bookings as capacity frees, every `every`, until dropped.
 pub async fn run_planner(pool: PgPool, every: Duration) {
     let mut tick = tokio::time::interval(every);
+    let mut planner = crate::booking::Planner::default();
     loop {
         tick.tick().await;
-        match crate::booking::plan_queue(&pool).await {
+        match planner.tick(&pool).await {
             Ok(n) if n > 0 => tracing::info!(placed = n, "placed queued bookings"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "planning the queue failed"),

@@ -1,0 +1,95 @@
+//! Load generator for `scripts/bench-booking.sh`: C concurrent clients, one
+//! API token each, send N requests in all and report throughput and
+//! latency percentiles. `--mode me` (GET /api/v1/me) is the baseline;
+//! `--mode book` POSTs bookings (1g.10gb, 2g.20gb, 3g.40gb and small
+//! time-sliced shares, one hour each).
+//!
+//! Usage: booking_load --url http://127.0.0.1:8080 --clients FILE --requests N --mode me|book
+//! where FILE has one "tenant-slug token" per line (one client per line).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+#[tokio::main]
+async fn main() {
+    let url = arg("--url").expect("--url");
+    let file = arg("--clients").expect("--clients");
+    let total: usize = arg("--requests").and_then(|n| n.parse().ok()).unwrap_or(1000);
+    let mode = arg("--mode").unwrap_or_else(|| "book".into());
+    let clients: Vec<(String, String)> = std::fs::read_to_string(&file)
+        .expect("read the clients file")
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(t, k)| (t.to_string(), k.to_string())))
+        .collect();
+    assert!(!clients.is_empty(), "no clients in {file}");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients.len())
+        .build()
+        .unwrap();
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, (tenant, token)) in clients.into_iter().enumerate() {
+        let (http, url, mode, next) = (http.clone(), url.clone(), mode.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut out: Vec<(Duration, u16)> = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    break;
+                }
+                let req = if mode == "me" {
+                    http.get(format!("{url}/api/v1/me"))
+                } else {
+                    let body = match (n + i) % 4 {
+                        0 | 1 => serde_json::json!({"tenant": tenant, "kind": "mig", "profile": "1g.10gb", "hours": 1}),
+                        2 => serde_json::json!({"tenant": tenant, "kind": "mig", "profile": if n % 8 == 2 { "3g.40gb" } else { "2g.20gb" }, "hours": 1}),
+                        _ => serde_json::json!({"tenant": tenant, "kind": "timeslice", "memory_gib": 4, "hours": 1}),
+                    };
+                    http.post(format!("{url}/api/v1/bookings")).json(&body)
+                };
+                let t = Instant::now();
+                let status = match req.bearer_auth(&token).send().await {
+                    Ok(r) => {
+                        let s = r.status().as_u16();
+                        let _ = r.bytes().await;
+                        s
+                    }
+                    Err(_) => 0,
+                };
+                out.push((t.elapsed(), status));
+            }
+            out
+        }));
+    }
+    let mut all: Vec<(Duration, u16)> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let wall = started.elapsed();
+    let mut lat: Vec<f64> = all.iter().map(|(d, _)| d.as_secs_f64() * 1000.0).collect();
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    let mut codes: std::collections::BTreeMap<u16, usize> = Default::default();
+    for (_, s) in &all {
+        *codes.entry(*s).or_default() += 1;
+    }
+    println!(
+        "{{\"mode\": \"{mode}\", \"requests\": {}, \"seconds\": {:.2}, \"per_second\": {:.0}, \"p50_ms\": {:.1}, \"p99_ms\": {:.1}, \"max_ms\": {:.1}, \"statuses\": {}}}",
+        all.len(),
+        wall.as_secs_f64(),
+        all.len() as f64 / wall.as_secs_f64(),
+        pct(0.50),
+        pct(0.99),
+        lat.last().copied().unwrap_or(0.0),
+        serde_json::to_string(&codes.iter().map(|(k, v)| (k.to_string(), v)).collect::<std::collections::BTreeMap<_, _>>()).unwrap()
+    );
+}
