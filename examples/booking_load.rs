@@ -22,12 +22,17 @@ fn arg(name: &str) -> Option<String> {
 async fn main() {
     let url = arg("--url").expect("--url");
     let file = arg("--clients").expect("--clients");
-    let total: usize = arg("--requests").and_then(|n| n.parse().ok()).unwrap_or(1000);
+    let total: usize = arg("--requests")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
     let mode = arg("--mode").unwrap_or_else(|| "book".into());
     let clients: Vec<(String, String)> = std::fs::read_to_string(&file)
         .expect("read the clients file")
         .lines()
-        .filter_map(|l| l.split_once(' ').map(|(t, k)| (t.to_string(), k.to_string())))
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(t, k)| (t.to_string(), k.to_string()))
+        })
         .collect();
     assert!(!clients.is_empty(), "no clients in {file}");
     let http = reqwest::Client::builder()

@@ -253,7 +253,11 @@ fn find_spot(fleet: &Fleet, req: &BookingRequest, window: Window) -> Result<Spot
                 .map(|p| i32::from(p.compute_slices))
                 .unwrap_or(SLICES_PER_GPU);
             Ok(Spot {
-                gpu: fleet.gpus.iter().position(|g| g.id == fleet.mig_ids[i]).unwrap_or(0),
+                gpu: fleet
+                    .gpus
+                    .iter()
+                    .position(|g| g.id == fleet.mig_ids[i])
+                    .unwrap_or(0),
                 slices: Some((
                     i32::from(placement.start),
                     i32::from(placement.start + placement.size),
@@ -300,7 +304,11 @@ fn unplaced_size(fleet: &Fleet, req: &BookingRequest) -> (i32, i32, Option<Strin
                         .map(|g| g.model)
                         .find(|m| m.profile(profile).is_some())
                 })
-                .or_else(|| catalog::models().iter().find(|m| m.profile(profile).is_some()));
+                .or_else(|| {
+                    catalog::models()
+                        .iter()
+                        .find(|m| m.profile(profile).is_some())
+                });
             match model.and_then(|m| m.profile(profile).map(|p| (m, p))) {
                 Some((m, p)) => (
                     p.memory_gib.ceil() as i32,
@@ -346,8 +354,7 @@ async fn check_quota(
     except: Option<i64>,
 ) -> Result<(), BookingError> {
     let q = &tenant.quota;
-    let held =
-        db::bookings::tenant_live_between(&mut **tx, tenant.id, start, end, except).await?;
+    let held = db::bookings::tenant_live_between(&mut **tx, tenant.id, start, end, except).await?;
     let mut with_new = held.clone();
     with_new.push(rules::Held {
         start: ts(start),
@@ -376,9 +383,8 @@ async fn check_quota(
         )));
     }
     for (from, to) in rules::months_touched(ts(start), ts(end)) {
-        let used =
-            db::bookings::tenant_slice_hours(&mut **tx, tenant.id, at(from), at(to), except)
-                .await?;
+        let used = db::bookings::tenant_slice_hours(&mut **tx, tenant.id, at(from), at(to), except)
+            .await?;
         let needs = rules::slice_hours_within(compute_slices, ts(start), ts(end), from, to);
         if used + needs > f64::from(q.monthly_slice_hours) + 1e-9 {
             let month = at(from);
@@ -419,7 +425,11 @@ fn check_request(
         if !q.allowed_models.is_empty() && !q.allowed_models.contains(m) {
             errors.push((
                 "model",
-                format!("{} may book only {}", tenant.slug, q.allowed_models.join(", ")),
+                format!(
+                    "{} may book only {}",
+                    tenant.slug,
+                    q.allowed_models.join(", ")
+                ),
             ));
         }
     }
@@ -473,7 +483,8 @@ fn is_lost_race(e: &BookingError) -> bool {
 /// O(n²) plans under a burst). Taken after the tenant's lock, always in
 /// that order, and released at commit.
 async fn lock_placement(tx: &mut Transaction<'_, Postgres>, kind: Kind) -> sqlx::Result<()> {
-    db::bookings::advisory_xact_lock(&mut **tx, &format!("gpuslice-placement:{}", kind.as_str())).await
+    db::bookings::advisory_xact_lock(&mut **tx, &format!("gpuslice-placement:{}", kind.as_str()))
+        .await
 }
 
 /// Creates a booking: scheduled on a GPU when capacity allows, queued with
@@ -501,7 +512,12 @@ pub async fn create(
         .iter()
         .find(|t| t.1 == req.tenant.as_str())
         .map(|t| t.0)
-        .ok_or_else(|| invalid("tenant", format!("you are not a member of a tenant \"{}\"", req.tenant)))?;
+        .ok_or_else(|| {
+            invalid(
+                "tenant",
+                format!("you are not a member of a tenant \"{}\"", req.tenant),
+            )
+        })?;
     // An overlapping MIG booking committed between our read and our insert
     // trips the exclusion constraint: plan again with what is there now.
     let mut last = None;
@@ -515,12 +531,15 @@ pub async fn create(
                 if let Some(id) = db::bookings::by_idempotency_key(pool, who.user_id, key).await? {
                     return Ok(Created::Replayed(db::bookings::get(pool, id).await?));
                 }
-                return Err(BookingError::Refused("the same request is in progress; try again".into()));
+                return Err(BookingError::Refused(
+                    "the same request is in progress; try again".into(),
+                ));
             }
             other => return other.map(Created::New),
         }
     }
-    Err(last.unwrap_or_else(|| BookingError::Refused("too many bookings at once; try again".into())))
+    Err(last
+        .unwrap_or_else(|| BookingError::Refused("too many bookings at once; try again".into())))
 }
 
 async fn try_create(
@@ -531,11 +550,16 @@ async fn try_create(
     idempotency_key: Option<&str>,
     settings: &Settings,
 ) -> Result<Booking, BookingError> {
-    let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(OffsetDateTime::now_utc());
+    let now = OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or(OffsetDateTime::now_utc());
     let mut tx = pool.begin().await?;
     let tenant = db::tenants::get_for_update(&mut tx, tenant_id).await?;
     if tenant.archived {
-        return Err(invalid("tenant", format!("{} is archived and takes no bookings", tenant.slug)));
+        return Err(invalid(
+            "tenant",
+            format!("{} is archived and takes no bookings", tenant.slug),
+        ));
     }
     let start = check_request(req, &tenant, settings, now)?;
     let end = start + Duration::hours(i64::from(req.hours));
@@ -545,11 +569,21 @@ async fn try_create(
     };
     let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
     lock_placement(&mut tx, req.kind()).await?;
-    let fleet = load_fleet(&mut tx, Some(req.kind()), &tenant.quota.allowed_models, &asked).await?;
+    let fleet = load_fleet(
+        &mut tx,
+        Some(req.kind()),
+        &tenant.quota.allowed_models,
+        &asked,
+    )
+    .await?;
     let priority = priority_of(req, &tenant);
     let spot = find_spot(&fleet, req, window);
     let (memory, slices, model) = match &spot {
-        Ok(s) => (memory_of(req, Some(&s.model)), s.compute_slices, Some(s.model.clone())),
+        Ok(s) => (
+            memory_of(req, Some(&s.model)),
+            s.compute_slices,
+            Some(s.model.clone()),
+        ),
         Err(_) => unplaced_size(&fleet, req),
     };
     check_quota(&mut tx, &tenant, start, end, memory, slices, None).await?;
@@ -598,7 +632,15 @@ async fn try_create(
         },
     )
     .await?;
-    db::bookings::event(&mut *tx, id, &who.email, None, status, reason.as_deref().unwrap_or("booked")).await?;
+    db::bookings::event(
+        &mut *tx,
+        id,
+        &who.email,
+        None,
+        status,
+        reason.as_deref().unwrap_or("booked"),
+    )
+    .await?;
     tx.commit().await?;
     Ok(db::bookings::get(pool, id).await?)
 }
@@ -618,7 +660,12 @@ fn ever_fits(fleet: &Fleet, req: &BookingRequest) -> bool {
     }
 }
 
-fn queued_reason(req: &BookingRequest, refusal: &Refusal, start: OffsetDateTime, end: OffsetDateTime) -> String {
+fn queued_reason(
+    req: &BookingRequest,
+    refusal: &Refusal,
+    start: OffsetDateTime,
+    end: OffsetDateTime,
+) -> String {
     let what = match &req.what {
         Request::Mig { profile } => profile.clone(),
         Request::Share { memory_gib, .. } => format!("a {memory_gib} GiB share"),
@@ -740,7 +787,9 @@ async fn place_one_queued(
     id: i64,
     no_room: &mut std::collections::HashSet<String>,
 ) -> Result<bool, BookingError> {
-    let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(OffsetDateTime::now_utc());
+    let now = OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or(OffsetDateTime::now_utc());
     let b = db::bookings::get(pool, id).await?;
     let shape = format!(
         "{}/{:?}/{}/{:?}/{}/{}",
@@ -782,13 +831,35 @@ async fn place_one_queued(
     };
     let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
     lock_placement(&mut tx, req.kind()).await?;
-    let fleet = load_fleet(&mut tx, Some(req.kind()), &tenant.quota.allowed_models, &asked).await?;
+    let fleet = load_fleet(
+        &mut tx,
+        Some(req.kind()),
+        &tenant.quota.allowed_models,
+        &asked,
+    )
+    .await?;
     match find_spot(&fleet, &req, window) {
         Ok(s) => {
             let memory = memory_of(&req, Some(&s.model));
-            if let Err(e) = check_quota(&mut tx, &tenant, start, end, memory, s.compute_slices, Some(id)).await {
+            if let Err(e) = check_quota(
+                &mut tx,
+                &tenant,
+                start,
+                end,
+                memory,
+                s.compute_slices,
+                Some(id),
+            )
+            .await
+            {
                 if let BookingError::Refused(msg) = &e {
-                    db::bookings::set_reason(&mut *tx, id, &format!("waiting for quota: {msg}"), None).await?;
+                    db::bookings::set_reason(
+                        &mut *tx,
+                        id,
+                        &format!("waiting for quota: {msg}"),
+                        None,
+                    )
+                    .await?;
                     tx.commit().await?;
                     return Ok(false);
                 }
@@ -798,7 +869,18 @@ async fn place_one_queued(
             if b.kind == "timeslice" {
                 lock_and_check_share(&mut tx, gpu, memory, window).await?;
             }
-            let ok = db::bookings::place_queued(&mut tx, id, gpu.id, &s.model, s.slices, s.compute_slices, memory, start, end).await?;
+            let ok = db::bookings::place_queued(
+                &mut tx,
+                id,
+                gpu.id,
+                &s.model,
+                s.slices,
+                s.compute_slices,
+                memory,
+                start,
+                end,
+            )
+            .await?;
             tx.commit().await?;
             Ok(ok)
         }
@@ -853,7 +935,8 @@ pub async fn release(
     let why = reason.unwrap_or(if owner { "released by its owner" } else { "" });
     let done = match status.as_str() {
         "queued" | "scheduled" => {
-            db::bookings::transition(&mut tx, id, &status, "cancelled", &who.email, Some(why)).await?
+            db::bookings::transition(&mut tx, id, &status, "cancelled", &who.email, Some(why))
+                .await?
         }
         "provisioning" | "active" => {
             db::bookings::begin_release(&mut tx, id, &status, "released", &who.email, why).await?
@@ -892,7 +975,9 @@ pub async fn extend(
 ) -> Result<Booking, BookingError> {
     let b = visible(pool, who, id).await?;
     if b.user_id != who.user_id && !who.is_admin {
-        return Err(BookingError::Forbidden("only the booking's owner can extend it".into()));
+        return Err(BookingError::Forbidden(
+            "only the booking's owner can extend it".into(),
+        ));
     }
     if !(1..=rules::MAX_HOURS).contains(&more_hours) {
         return Err(invalid("hours", "give a whole number of hours, at least 1"));
@@ -901,7 +986,9 @@ pub async fn extend(
     let tenant = db::tenants::get_for_update(&mut tx, b.tenant_id).await?;
     let status = db::bookings::lock(&mut tx, id).await?;
     if status != "scheduled" && status != "active" {
-        return Err(BookingError::Refused(format!("booking {id} is {status} and cannot be extended")));
+        return Err(BookingError::Refused(format!(
+            "booking {id} is {status} and cannot be extended"
+        )));
     }
     let total = b.hours + more_hours;
     if total > tenant.quota.max_booking_hours {
@@ -914,7 +1001,16 @@ pub async fn extend(
         ));
     }
     let new_end = b.end + Duration::hours(i64::from(more_hours));
-    check_quota(&mut tx, &tenant, b.end, new_end, b.memory_gib, b.compute_slices, Some(id)).await?;
+    check_quota(
+        &mut tx,
+        &tenant,
+        b.end,
+        new_end,
+        b.memory_gib,
+        b.compute_slices,
+        Some(id),
+    )
+    .await?;
     if b.kind == "timeslice" {
         let gpu_id = b.gpu_id.ok_or(BookingError::NotFound)?;
         db::fleet::lock_gpu(&mut *tx, gpu_id).await?;
@@ -922,14 +1018,30 @@ pub async fn extend(
         let gpu = gpus.iter().find(|g| g.id == gpu_id).ok_or_else(|| {
             BookingError::Refused("the booking's GPU takes no new bookings now".into())
         })?;
-        let ext = Window { start: ts(b.end), end: ts(new_end) };
+        let ext = Window {
+            start: ts(b.end),
+            end: ts(new_end),
+        };
         let here: Vec<ShareHeld> = db::bookings::placed_live(&mut *tx, Some("timeslice"))
             .await?
             .into_iter()
             .filter(|p| p.gpu_id == gpu_id && p.id != id)
-            .map(|p| ShareHeld { memory_gib: f64::from(p.memory_gib), exclusive: false, window: Window { start: p.start, end: p.end } })
+            .map(|p| ShareHeld {
+                memory_gib: f64::from(p.memory_gib),
+                exclusive: false,
+                window: Window {
+                    start: p.start,
+                    end: p.end,
+                },
+            })
             .collect();
-        let one = [SharedGpu { node: 0, model: gpu.model.clone(), memory_gib: gpu.memory_mib as f64 / 1024.0, max_shares: gpu.max_shares as u32, held: here }];
+        let one = [SharedGpu {
+            node: 0,
+            model: gpu.model.clone(),
+            memory_gib: gpu.memory_mib as f64 / 1024.0,
+            max_shares: gpu.max_shares as u32,
+            held: here,
+        }];
         if shares::place_share(&one, f64::from(b.memory_gib), None, ext).is_err() {
             return Err(BookingError::Refused(format!(
                 "the GPU is booked by others after {}; release and book again elsewhere",
@@ -991,7 +1103,11 @@ pub async fn offerings(pool: &PgPool) -> sqlx::Result<Vec<Offering>> {
     models.sort_by_key(|m| m.id);
     models.dedup_by_key(|m| m.id);
     for model in models {
-        let gpus: Vec<&MigGpu> = fleet.mig.iter().filter(|g| g.model.id == model.id).collect();
+        let gpus: Vec<&MigGpu> = fleet
+            .mig
+            .iter()
+            .filter(|g| g.model.id == model.id)
+            .collect();
         for p in &model.profiles {
             let available = gpus
                 .iter()
@@ -1027,8 +1143,11 @@ pub async fn offerings(pool: &PgPool) -> sqlx::Result<Vec<Offering>> {
         let free: Vec<f64> = gpus
             .iter()
             .filter_map(|g| {
-                let here: Vec<&ShareHeld> =
-                    g.held.iter().filter(|h| h.window.overlaps(next_hour)).collect();
+                let here: Vec<&ShareHeld> = g
+                    .held
+                    .iter()
+                    .filter(|h| h.window.overlaps(next_hour))
+                    .collect();
                 (here.len() < g.max_shares as usize)
                     .then(|| g.memory_gib - here.iter().map(|h| h.memory_gib).sum::<f64>())
                     .filter(|m| *m >= 1.0)

@@ -66,7 +66,9 @@ impl World {
             priority: get("priority"),
             guaranteed_share_pct: None,
         };
-        gpuslice::cli::tenant_add(&self.app.pool, &args).await.unwrap();
+        gpuslice::cli::tenant_add(&self.app.pool, &args)
+            .await
+            .unwrap();
     }
 
     /// A user in `tenants` with an API token.
@@ -105,7 +107,8 @@ impl World {
     }
 
     async fn book(&self, token: &str, body: Value) -> (StatusCode, Value) {
-        self.call(token, "POST", "/api/v1/bookings", Some(body)).await
+        self.call(token, "POST", "/api/v1/bookings", Some(body))
+            .await
     }
 
     async fn get(&self, token: &str, id: i64) -> Value {
@@ -198,7 +201,13 @@ async fn a_mig_booking_becomes_a_real_instance_and_goes_away_on_release() {
     let path: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
     assert_eq!(
         path,
-        ["scheduled", "provisioning", "active", "releasing", "released"]
+        [
+            "scheduled",
+            "provisioning",
+            "active",
+            "releasing",
+            "released"
+        ]
     );
 }
 
@@ -226,24 +235,75 @@ async fn bad_input_gets_a_message_per_field_and_changes_nothing() {
     w.tenant("other", &[]).await;
     let t = w.person("ana@uni.edu", "none", &["lab"]).await;
     let cases: Vec<(Value, StatusCode, &str)> = vec![
-        (json!({"tenant": "lab", "kind": "mig", "profile": "9g.99gb", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "profile"),
-        (json!({"tenant": "lab", "kind": "gpu", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "kind"),
-        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 0}), StatusCode::UNPROCESSABLE_ENTITY, "hours"),
-        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 5}), StatusCode::UNPROCESSABLE_ENTITY, "at most 4 hours"),
-        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2020-01-01T00:00:00Z"}), StatusCode::UNPROCESSABLE_ENTITY, "in the past"),
-        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2099-01-01T00:00:00Z"}), StatusCode::UNPROCESSABLE_ENTITY, "days ahead"),
-        (json!({"tenant": "other", "kind": "mig", "profile": "1g.10gb", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "not a member"),
-        (json!({"tenant": "lab", "kind": "timeslice", "memory_gib": "lots", "hours": 1}), StatusCode::UNPROCESSABLE_ENTITY, "memory_gib"),
-        (json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 200, "hours": 1}), StatusCode::CONFLICT, "200 GiB"),
-        (json!({"tenant": "lab", "kind": "mig", "model": "A30-24GB", "profile": "1g.6gb", "hours": 1}), StatusCode::CONFLICT, "A30-24GB"),
-        (json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "colour": "red"}), StatusCode::UNPROCESSABLE_ENTITY, "colour"),
-        (json!(["not", "an", "object"]), StatusCode::UNPROCESSABLE_ENTITY, "object"),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "9g.99gb", "hours": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "profile",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "gpu", "hours": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "kind",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 0}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "hours",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 5}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "at most 4 hours",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2020-01-01T00:00:00Z"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "in the past",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": "2099-01-01T00:00:00Z"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "days ahead",
+        ),
+        (
+            json!({"tenant": "other", "kind": "mig", "profile": "1g.10gb", "hours": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not a member",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "timeslice", "memory_gib": "lots", "hours": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "memory_gib",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 200, "hours": 1}),
+            StatusCode::CONFLICT,
+            "200 GiB",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "model": "A30-24GB", "profile": "1g.6gb", "hours": 1}),
+            StatusCode::CONFLICT,
+            "A30-24GB",
+        ),
+        (
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "colour": "red"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "colour",
+        ),
+        (
+            json!(["not", "an", "object"]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "object",
+        ),
     ];
     for (body, status, needle) in cases {
         let (s, e) = w.book(&t, body.clone()).await;
         assert_eq!(s, status, "{body} -> {e}");
         assert!(e["error"].is_string(), "{e}");
-        assert!(e["message"].as_str().unwrap().contains(needle), "{body} -> {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(needle),
+            "{body} -> {e}"
+        );
     }
     assert_eq!(w.count("SELECT count(*) FROM bookings").await, 0);
     // Not JSON at all.
@@ -271,27 +331,50 @@ async fn bad_input_gets_a_message_per_field_and_changes_nothing() {
 #[tokio::test]
 async fn quota_is_checked_in_every_dimension_over_the_whole_window() {
     let w = World::new(FLEET).await;
-    w.tenant("lab", &[("active", "2"), ("memory", "45"), ("slices", "3"), ("budget", "10")])
-        .await;
+    w.tenant(
+        "lab",
+        &[
+            ("active", "2"),
+            ("memory", "45"),
+            ("slices", "3"),
+            ("budget", "10"),
+        ],
+    )
+    .await;
     let t = w.person("ana@uni.edu", "none", &["lab"]).await;
 
     // Compute slices: a 4g is 4 of 3.
     let (s, e) = w.book(&t, mig("lab", "4g.40gb", 1)).await;
     assert_eq!(s, StatusCode::CONFLICT);
-    assert!(e["message"].as_str().unwrap().contains("compute slices"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("compute slices"),
+        "{e}"
+    );
     // Memory: 46 GiB of 45.
     let (s, e) = w
-        .book(&t, json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 46, "hours": 1}))
+        .book(
+            &t,
+            json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 46, "hours": 1}),
+        )
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
-    assert!(e["message"].as_str().unwrap().contains("GiB of GPU memory"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("GiB of GPU memory"),
+        "{e}"
+    );
     // Budget: 2 slices x 6 h = 12 slice-hours of 10.
     let (s, e) = w.book(&t, mig("lab", "2g.20gb", 6)).await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert!(e["message"].as_str().unwrap().starts_with("budget:"), "{e}");
     // Active bookings: two fit, the third is refused with the count.
-    assert_eq!(w.book(&t, mig("lab", "1g.10gb", 2)).await.0, StatusCode::CREATED);
-    assert_eq!(w.book(&t, mig("lab", "1g.10gb", 2)).await.0, StatusCode::CREATED);
+    assert_eq!(
+        w.book(&t, mig("lab", "1g.10gb", 2)).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        w.book(&t, mig("lab", "1g.10gb", 2)).await.0,
+        StatusCode::CREATED
+    );
     let (s, e) = w.book(&t, mig("lab", "1g.10gb", 1)).await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert_eq!(
@@ -321,22 +404,38 @@ async fn nobody_sees_or_touches_another_tenants_booking() {
     let (_, b) = w.book(&ana, mig("lab", "1g.10gb", 1)).await;
     let id = b["id"].as_i64().unwrap();
     for t in [&bob, &boss] {
-        let (s, e) = w.call(t, "GET", &format!("/api/v1/bookings/{id}"), None).await;
+        let (s, e) = w
+            .call(t, "GET", &format!("/api/v1/bookings/{id}"), None)
+            .await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{e}");
         let (s, _) = w
-            .call(t, "POST", &format!("/api/v1/bookings/{id}/release"), Some(json!({"reason": "mine now"})))
+            .call(
+                t,
+                "POST",
+                &format!("/api/v1/bookings/{id}/release"),
+                Some(json!({"reason": "mine now"})),
+            )
             .await;
         assert_eq!(s, StatusCode::NOT_FOUND);
         let (s, _) = w
-            .call(t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 1})))
+            .call(
+                t,
+                "POST",
+                &format!("/api/v1/bookings/{id}/extend"),
+                Some(json!({"hours": 1})),
+            )
             .await;
         assert_eq!(s, StatusCode::NOT_FOUND);
         let (_, list) = w.call(t, "GET", "/api/v1/bookings", None).await;
         assert_eq!(list["bookings"].as_array().unwrap().len(), 0);
-        let (s, _) = w.call(t, "GET", "/api/v1/bookings?scope=tenant&tenant=lab", None).await;
+        let (s, _) = w
+            .call(t, "GET", "/api/v1/bookings?scope=tenant&tenant=lab", None)
+            .await;
         assert_eq!(s, StatusCode::NOT_FOUND);
     }
-    let (s, _) = w.call(&bob, "GET", "/api/v1/bookings?scope=all", None).await;
+    let (s, _) = w
+        .call(&bob, "GET", "/api/v1/bookings?scope=all", None)
+        .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(w.get(&ana, id).await["status"], "scheduled");
 }
@@ -351,17 +450,31 @@ async fn managers_and_admins_may_end_a_booking_with_a_reason_that_is_audited() {
     let (_, b) = w.book(&ana, mig("lab", "1g.10gb", 1)).await;
     let id = b["id"].as_i64().unwrap();
     w.step().await;
-    let (_, list) = w.call(&ta, "GET", "/api/v1/bookings?tenant=lab", None).await;
+    let (_, list) = w
+        .call(&ta, "GET", "/api/v1/bookings?tenant=lab", None)
+        .await;
     assert_eq!(list["bookings"][0]["id"], id);
-    let (s, e) = w.call(&ta, "POST", &format!("/api/v1/bookings/{id}/release"), None).await;
+    let (s, e) = w
+        .call(&ta, "POST", &format!("/api/v1/bookings/{id}/release"), None)
+        .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
     assert!(e["message"].as_str().unwrap().contains("reason"));
     let (s, _) = w
-        .call(&ta, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 1})))
+        .call(
+            &ta,
+            "POST",
+            &format!("/api/v1/bookings/{id}/extend"),
+            Some(json!({"hours": 1})),
+        )
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     let (s, b) = w
-        .call(&admin, "POST", &format!("/api/v1/bookings/{id}/release"), Some(json!({"reason": "GPU maintenance"})))
+        .call(
+            &admin,
+            "POST",
+            &format!("/api/v1/bookings/{id}/release"),
+            Some(json!({"reason": "GPU maintenance"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["status"], "releasing");
@@ -443,21 +556,38 @@ async fn a_hundred_concurrent_posts_never_exceed_the_quota_nor_fail() {
 #[tokio::test]
 async fn two_tenants_racing_for_the_last_slot_exactly_one_wins() {
     // One H100: a 7g takes all of it.
-    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let fleet =
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
     for round in 0..3 {
         let w = World::new(fleet).await;
         w.tenant("lab-a", &[]).await;
         w.tenant("lab-b", &[]).await;
         let ta = w.person("a@uni.edu", "none", &["lab-a"]).await;
         let tb = w.person("b@uni.edu", "none", &["lab-b"]).await;
-        let (ra, rb) = tokio::join!(w.book(&ta, mig("lab-a", "7g.80gb", 1)), w.book(&tb, mig("lab-b", "7g.80gb", 1)));
+        let (ra, rb) = tokio::join!(
+            w.book(&ta, mig("lab-a", "7g.80gb", 1)),
+            w.book(&tb, mig("lab-b", "7g.80gb", 1))
+        );
         assert_eq!(ra.0, StatusCode::CREATED, "{}", ra.1);
         assert_eq!(rb.0, StatusCode::CREATED, "{}", rb.1);
-        let mut statuses = [ra.1["status"].as_str().unwrap().to_string(), rb.1["status"].as_str().unwrap().to_string()];
+        let mut statuses = [
+            ra.1["status"].as_str().unwrap().to_string(),
+            rb.1["status"].as_str().unwrap().to_string(),
+        ];
         statuses.sort();
         assert_eq!(statuses, ["queued", "scheduled"], "round {round}");
-        let queued = if ra.1["status"] == "queued" { &ra.1 } else { &rb.1 };
-        assert!(queued["reason"].as_str().unwrap().contains("earliest start"), "{queued}");
+        let queued = if ra.1["status"] == "queued" {
+            &ra.1
+        } else {
+            &rb.1
+        };
+        assert!(
+            queued["reason"]
+                .as_str()
+                .unwrap()
+                .contains("earliest start"),
+            "{queued}"
+        );
         assert!(queued["earliest_start"].is_string());
     }
 }
@@ -490,7 +620,8 @@ async fn the_database_refuses_overlapping_mig_bookings_on_its_own() {
 
 #[tokio::test]
 async fn a_queued_booking_is_placed_when_capacity_frees() {
-    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let fleet =
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
     let w = World::new(fleet).await;
     w.tenant("lab-a", &[]).await;
     w.tenant("lab-b", &[]).await;
@@ -513,7 +644,13 @@ async fn a_queued_booking_is_placed_when_capacity_frees() {
     // Nothing frees: the planner leaves it queued.
     assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 0);
     let first_id = first["id"].as_i64().unwrap();
-    w.call(&ta, "POST", &format!("/api/v1/bookings/{first_id}/release"), None).await;
+    w.call(
+        &ta,
+        "POST",
+        &format!("/api/v1/bookings/{first_id}/release"),
+        None,
+    )
+    .await;
     assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 1);
     let b = w.get(&tb, id).await;
     assert_eq!(b["status"], "scheduled", "{b}");
@@ -535,7 +672,7 @@ async fn shares_respect_gpu_memory_and_the_share_limit() {
     assert_eq!(b["model"], "L40S-48GB");
     assert_eq!(b["priority"], "high");
     assert_eq!(b["compute_slices"], 5); // 30 of 48 GiB, in sevenths, rounded up
-    // 20 more GiB do not fit in the 18 left: queued.
+                                        // 20 more GiB do not fit in the 18 left: queued.
     let (_, b2) = w.book(&t, share(20)).await;
     assert_eq!(b2["status"], "queued", "{b2}");
     // Two small ones fit, then the share limit (3) is reached.
@@ -567,17 +704,25 @@ async fn a_booking_ahead_waits_for_its_start_and_can_be_cancelled() {
     assert_eq!(w.get(&t, id).await["status"], "scheduled");
     assert!(w.instances().is_empty());
     let (s, b) = w
-        .call(&t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 3})))
+        .call(
+            &t,
+            "POST",
+            &format!("/api/v1/bookings/{id}/extend"),
+            Some(json!({"hours": 3})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["hours"], 5);
-    let (_, b) = w.call(&t, "POST", &format!("/api/v1/bookings/{id}/release"), None).await;
+    let (_, b) = w
+        .call(&t, "POST", &format!("/api/v1/bookings/{id}/release"), None)
+        .await;
     assert_eq!(b["status"], "cancelled");
 }
 
 #[tokio::test]
 async fn extension_stops_at_the_next_booking_of_the_slot() {
-    let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let fleet =
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
     let w = World::new(fleet).await;
     w.tenant("lab", &[]).await;
     let t = w.person("ana@uni.edu", "none", &["lab"]).await;
@@ -591,10 +736,21 @@ async fn extension_stops_at_the_next_booking_of_the_slot() {
     assert_eq!(next["status"], "scheduled", "{next}");
     let id = now["id"].as_i64().unwrap();
     let (s, e) = w
-        .call(&t, "POST", &format!("/api/v1/bookings/{id}/extend"), Some(json!({"hours": 2})))
+        .call(
+            &t,
+            "POST",
+            &format!("/api/v1/bookings/{id}/extend"),
+            Some(json!({"hours": 2})),
+        )
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{e}");
-    assert!(e["message"].as_str().unwrap().contains("booked by someone else"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("booked by someone else"),
+        "{e}"
+    );
     assert_eq!(w.get(&t, id).await["hours"], 2);
 }
 
@@ -641,7 +797,10 @@ async fn reconcile_removes_strays_and_recreates_what_a_booking_should_have() {
     let (_, b) = w.book(&t, mig("lab", "3g.40gb", 1)).await;
     let id = b["id"].as_i64().unwrap();
     w.step().await;
-    let device = w.get(&t, id).await["device_uuid"].as_str().unwrap().to_string();
+    let device = w.get(&t, id).await["device_uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let gpus = w.node.inventory().unwrap();
     // A stray instance nobody booked, on the other GPU.
     let other = gpus
@@ -687,7 +846,10 @@ async fn a_failing_create_is_retried_then_fails_with_a_reason() {
     w.step().await;
     let b = w.get(&t, id).await;
     assert_eq!(b["status"], "provisioning");
-    assert!(b["reason"].as_str().unwrap().contains("the driver is busy"), "{b}");
+    assert!(
+        b["reason"].as_str().unwrap().contains("the driver is busy"),
+        "{b}"
+    );
     // Retried after the backoff: make it due now, and it succeeds.
     sqlx::query("UPDATE bookings SET next_attempt_at = now() WHERE id = $1")
         .bind(id)
@@ -725,7 +887,10 @@ async fn offerings_list_what_the_fleet_has_with_room_now() {
     assert_eq!(s, StatusCode::OK);
     let list = o["offerings"].as_array().unwrap();
     let seven = list.iter().find(|o| o["profile"] == "7g.80gb").unwrap();
-    assert_eq!((seven["gpus"].as_i64(), seven["available_now"].as_i64()), (Some(2), Some(1)));
+    assert_eq!(
+        (seven["gpus"].as_i64(), seven["available_now"].as_i64()),
+        (Some(2), Some(1))
+    );
     let share = list.iter().find(|o| o["kind"] == "timeslice").unwrap();
     assert_eq!(share["model"], "L40S-48GB");
     assert_eq!(share["available_now"], 1);

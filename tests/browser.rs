@@ -278,25 +278,60 @@ async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
     };
 
     c.goto(&app.url("/login")).await.unwrap();
-    c.find(Locator::Id("email")).await.unwrap().send_keys("student@uni.edu").await.unwrap();
-    c.find(Locator::Id("password")).await.unwrap().send_keys(PASSWORD).await.unwrap();
-    c.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
-    c.wait().for_element(Locator::LinkText("Book a slice")).await.unwrap();
+    c.find(Locator::Id("email"))
+        .await
+        .unwrap()
+        .send_keys("student@uni.edu")
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::LinkText("Book a slice"))
+        .await
+        .unwrap();
     screenshot(&c, "student-dashboard.png").await;
-    c.find(Locator::LinkText("Book a slice")).await.unwrap().click().await.unwrap();
+    c.find(Locator::LinkText("Book a slice"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let profile = c.wait().for_element(Locator::Id("profile")).await.unwrap();
     profile.select_by_value("1g.10gb").await.unwrap();
-    c.find(Locator::Id("model")).await.unwrap().select_by_value("H100-80GB").await.unwrap();
+    c.find(Locator::Id("model"))
+        .await
+        .unwrap()
+        .select_by_value("H100-80GB")
+        .await
+        .unwrap();
     // The availability panel follows the model (htmx).
     c.wait()
-        .for_element(Locator::XPath("//div[@id='availability']//td[text()='H100-80GB']"))
+        .for_element(Locator::XPath(
+            "//div[@id='availability']//td[text()='H100-80GB']",
+        ))
         .await
         .unwrap();
     let hours = c.find(Locator::Id("hours")).await.unwrap();
     hours.clear().await.unwrap();
     hours.send_keys("2").await.unwrap();
     screenshot(&c, "student-book-form.png").await;
-    c.find(Locator::Css("#booking-form button.primary")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Css("#booking-form button.primary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
 
     // The booking page turns active by itself (htmx polling), no reload.
     let device = c
@@ -307,12 +342,23 @@ async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
         .unwrap();
     let uuid = device.text().await.unwrap();
     assert!(uuid.starts_with("MIG-"), "{uuid}");
-    let status = c.find(Locator::Id("status")).await.unwrap().text().await.unwrap();
+    let status = c
+        .find(Locator::Id("status"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(status, "active");
     screenshot(&c, "student-booking-active.png").await;
 
     // Release: the confirm dialog is accepted, and the page shows the end.
-    c.find(Locator::Id("release")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("release"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     c.accept_alert().await.unwrap();
     c.wait()
         .at_most(Duration::from_secs(20))
@@ -324,7 +370,9 @@ async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
         .unwrap()
         .iter()
         .filter(|g| g.mig_current)
-        .all(|g| gpuslice::gpu::GpuBackend::instances(&*node, &g.uuid).unwrap().is_empty()));
+        .all(|g| gpuslice::gpu::GpuBackend::instances(&*node, &g.uuid)
+            .unwrap()
+            .is_empty()));
     c.close().await.unwrap();
     worker.abort();
 }

@@ -14,7 +14,8 @@ use gpuslice::booking::{self, Created, Requester};
 use gpuslice::domain::booking::BookingInput;
 use serde_json::Value;
 
-const FLEET: &str = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+const FLEET: &str =
+    "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
 
 struct Node {
     dir: PathBuf,
@@ -206,14 +207,19 @@ async fn a_crash_during_teardown_converges_to_released_with_nothing_left() {
     kill(worker);
 
     let mut worker = node.start(Some("after-destroy"));
-    booking::release(&app.pool, &who, id, None, None).await.unwrap();
+    booking::release(&app.pool, &who, id, None, None)
+        .await
+        .unwrap();
     let exit = wait_exit(&mut worker);
     assert!(!exit.success());
     assert_eq!(status(&app, id).await, "releasing");
     assert!(node.instances().is_empty());
 
     let worker = node.start(None);
-    wait_for("released", || async { status(&app, id).await == "released" }).await;
+    wait_for("released", || async {
+        status(&app, id).await == "released"
+    })
+    .await;
     assert!(node.instances().is_empty());
     kill(worker);
 }

@@ -29,6 +29,7 @@ struct World {
     app: TestApp,
     lab: i64,
     member_id: i64,
+    booking: i64,
 }
 
 async fn world() -> World {
@@ -42,10 +43,24 @@ async fn world() -> World {
         .await;
     app.user("finance@uni.edu", "finance", &[]).await;
     app.user("admin@uni.edu", "admin", &[]).await;
+    // The member's queued booking (no GPUs here).
+    let booking: i64 = sqlx::query_scalar(
+        "INSERT INTO bookings (tenant_id, user_id, kind, profile, memory_gib, compute_slices, priority,
+                               hours, during, status, reason)
+         VALUES ($1, $2, 'mig', '1g.10gb', 10, 1, 'normal', 1,
+                 tstzrange(now(), now() + interval '1 hour'), 'queued', 'waiting')
+         RETURNING id",
+    )
+    .bind(lab)
+    .bind(member_id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
     World {
         app,
         lab,
         member_id,
+        booking,
     }
 }
 
@@ -72,6 +87,20 @@ fn expect_get(path: &str, role: Role) -> StatusCode {
         p if p.starts_with("/api/") && !signed_in => StatusCode::UNAUTHORIZED,
         _ if !signed_in => StatusCode::SEE_OTHER,
         "/" | "/settings/tokens" | "/api/v1/me" | "/api/v1/tenants" => StatusCode::OK,
+        "/bookings" | "/bookings/new" | "/api/v1/offerings" | "/api/v1/bookings" => StatusCode::OK,
+        "/bookings?scope=all" | "/api/v1/bookings?scope=all" => match role {
+            Admin => StatusCode::OK,
+            _ => StatusCode::FORBIDDEN,
+        },
+        "/bookings?scope=tenant&tenant=lab-a" | "/api/v1/bookings?tenant=lab-a" => match role {
+            Manager | Admin => StatusCode::OK,
+            Member => StatusCode::FORBIDDEN,
+            _ => StatusCode::NOT_FOUND,
+        },
+        "/bookings/{booking}" | "/api/v1/bookings/{booking}" => match role {
+            Member | Manager | Admin => StatusCode::OK,
+            _ => StatusCode::NOT_FOUND,
+        },
         "/tenants/lab-a" => match role {
             Member | Manager | Admin => StatusCode::OK,
             _ => StatusCode::NOT_FOUND,
@@ -103,6 +132,16 @@ async fn every_page_checks_role_and_tenant() {
         "/api/v1/me".into(),
         "/api/v1/tenants".into(),
         "/api/v1/openapi.json".into(),
+        "/bookings".into(),
+        "/bookings/new".into(),
+        "/bookings?scope=all".into(),
+        "/bookings?scope=tenant&tenant=lab-a".into(),
+        format!("/bookings/{}", w.booking),
+        "/api/v1/offerings".into(),
+        "/api/v1/bookings".into(),
+        "/api/v1/bookings?scope=all".into(),
+        "/api/v1/bookings?tenant=lab-a".into(),
+        format!("/api/v1/bookings/{}", w.booking),
         "/healthz".into(),
         "/readyz".into(),
         "/metrics".into(),
@@ -115,8 +154,15 @@ async fn every_page_checks_role_and_tenant() {
             let generic = page
                 .replace(&format!("/{}", w.lab), "/{id}")
                 .replace(&format!("/{}", w.member_id), "/{id}");
+            let booking_page = format!("/bookings/{}", w.booking);
             let key = if generic.ends_with("/{id}") && generic.starts_with("/admin") {
                 "/admin/x"
+            } else if page.ends_with(&booking_page) {
+                if page.starts_with("/api/") {
+                    "/api/v1/bookings/{booking}"
+                } else {
+                    "/bookings/{booking}"
+                }
             } else {
                 page.as_str()
             };

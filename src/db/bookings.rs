@@ -389,7 +389,10 @@ pub async fn recent_profile_counts(
     )
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.model, r.profile, r.n)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.model, r.profile, r.n))
+        .collect())
 }
 
 /// Places a queued booking: its GPU, slot and (possibly moved) window.
@@ -424,7 +427,15 @@ pub async fn place_queued(
     .execute(&mut **tx)
     .await?;
     if r.rows_affected() == 1 {
-        event(&mut **tx, id, "planner", Some("queued"), "scheduled", "capacity freed").await?;
+        event(
+            &mut **tx,
+            id,
+            "planner",
+            Some("queued"),
+            "scheduled",
+            "capacity freed",
+        )
+        .await?;
     }
     Ok(r.rows_affected() == 1)
 }

@@ -33,9 +33,7 @@ impl Kind {
             "mig" => Ok(Kind::Mig),
             "timeslice" => Ok(Kind::Timeslice),
             "" => Err("choose a MIG instance or a time-sliced share".into()),
-            other => Err(format!(
-                "unknown kind \"{other}\": use mig or timeslice"
-            )),
+            other => Err(format!("unknown kind \"{other}\": use mig or timeslice")),
         }
     }
 }
@@ -273,16 +271,19 @@ fn parse_start(raw: &str, tz_offset: &str) -> Result<Option<OffsetDateTime>, Str
     if let Ok(t) = OffsetDateTime::parse(raw, &Rfc3339) {
         return Ok(Some(t));
     }
-    let local = PrimitiveDateTime::parse(raw, format_description!("[year]-[month]-[day]T[hour]:[minute]"))
-        .or_else(|_| {
-            PrimitiveDateTime::parse(
-                raw,
-                format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
-            )
-        })
-        .map_err(|_| {
-            format!("\"{raw}\" is not a date and time; use 2026-12-24T14:00 or leave it empty for now")
-        })?;
+    let local = PrimitiveDateTime::parse(
+        raw,
+        format_description!("[year]-[month]-[day]T[hour]:[minute]"),
+    )
+    .or_else(|_| {
+        PrimitiveDateTime::parse(
+            raw,
+            format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]"),
+        )
+    })
+    .map_err(|_| {
+        format!("\"{raw}\" is not a date and time; use 2026-12-24T14:00 or leave it empty for now")
+    })?;
     let minutes = match tz_offset.trim() {
         "" => 0,
         m => m
@@ -317,7 +318,10 @@ pub fn peak_use(held: &[Held], start: i64, end: i64) -> (i32, i32, i32) {
     points.push(start);
     let mut peak = (0, 0, 0);
     for t in points {
-        let at: Vec<&&Held> = inside.iter().filter(|h| h.start <= t && t < h.end).collect();
+        let at: Vec<&&Held> = inside
+            .iter()
+            .filter(|h| h.start <= t && t < h.end)
+            .collect();
         peak.0 = peak.0.max(at.len() as i32);
         peak.1 = peak.1.max(at.iter().map(|h| h.memory_gib).sum());
         peak.2 = peak.2.max(at.iter().map(|h| h.compute_slices).sum());
@@ -431,7 +435,10 @@ mod tests {
         i.memory_gib = "ten".into();
         i.priority = "urgent".into();
         let e = i.parse().unwrap_err();
-        assert_eq!(e.iter().map(|(f, _)| *f).collect::<Vec<_>>(), ["memory_gib", "priority"]);
+        assert_eq!(
+            e.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+            ["memory_gib", "priority"]
+        );
         i.memory_gib = "12".into();
         i.priority = String::new();
         assert_eq!(
@@ -449,7 +456,10 @@ mod tests {
         i.start = "2026-12-24T14:00".into();
         i.tz_offset_minutes = "-60".into(); // UTC+1
         let t = i.parse().unwrap().start.unwrap();
-        assert_eq!(t.unix_timestamp(), time::macros::datetime!(2026-12-24 13:00 UTC).unix_timestamp());
+        assert_eq!(
+            t.unix_timestamp(),
+            time::macros::datetime!(2026-12-24 13:00 UTC).unix_timestamp()
+        );
         i.start = "2026-12-24T14:00:00Z".into();
         assert_eq!(i.parse().unwrap().start.unwrap().hour(), 14);
     }
@@ -475,7 +485,10 @@ mod tests {
         let start = time::macros::datetime!(2026-12-31 22:00 UTC).unix_timestamp();
         let m = months_touched(start, start + 4 * 3600);
         assert_eq!(m.len(), 2);
-        assert_eq!(m[1].0, time::macros::datetime!(2027-01-01 00:00 UTC).unix_timestamp());
+        assert_eq!(
+            m[1].0,
+            time::macros::datetime!(2027-01-01 00:00 UTC).unix_timestamp()
+        );
         let dec = slice_hours_within(7, start, start + 4 * 3600, m[0].0, m[0].1);
         assert!((dec - 14.0).abs() < 1e-9);
     }

@@ -171,11 +171,18 @@ impl SimBackend {
 
     /// Fault injection: abort the process at `point` (see [`CrashPoint`]).
     pub fn crash_at(&self, point: Option<CrashPoint>) {
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).crash_at = point;
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .crash_at = point;
     }
 
     fn maybe_crash(&self, point: CrashPoint) {
-        let armed = self.faults.lock().unwrap_or_else(|e| e.into_inner()).crash_at;
+        let armed = self
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .crash_at;
         if armed == Some(point) {
             eprintln!("gpuslice: injected crash at {point:?}");
             std::process::abort();

@@ -121,12 +121,12 @@ pub struct ListQuery {
     pub tenant: Option<String>,
 }
 
-async fn scope_of(
-    state: &AppState,
-    user: &CurrentUser,
-    q: &ListQuery,
-) -> Result<Scope, AppError> {
-    match q.scope.as_deref().unwrap_or(if q.tenant.is_some() { "tenant" } else { "mine" }) {
+async fn scope_of(state: &AppState, user: &CurrentUser, q: &ListQuery) -> Result<Scope, AppError> {
+    match q
+        .scope
+        .as_deref()
+        .unwrap_or(if q.tenant.is_some() { "tenant" } else { "mine" })
+    {
         "mine" => Ok(Scope::User(user.user.id)),
         "all" if user.is_admin() => Ok(Scope::All),
         "all" => Err(AppError::Forbidden("only admins see every booking".into())),
@@ -335,13 +335,13 @@ async fn new_page(
     let offerings = booking::offerings(&state.pool).await?;
     let mut models: Vec<String> = offerings.iter().map(|o| o.model.clone()).collect();
     models.dedup();
-    let mut profiles: Vec<String> = offerings
-        .iter()
-        .filter_map(|o| o.profile.clone())
-        .collect();
+    let mut profiles: Vec<String> = offerings.iter().filter_map(|o| o.profile.clone()).collect();
     profiles.sort_by_key(|p| {
         (
-            p.split('g').next().and_then(|n| n.parse::<u32>().ok()).unwrap_or(99),
+            p.split('g')
+                .next()
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(99),
             p.clone(),
         )
     });
@@ -409,11 +409,20 @@ pub async fn create(
     match booking::create(&state.pool, &who, &req, None, &state.booking_settings).await {
         Ok(Created::New(b)) | Ok(Created::Replayed(b)) => {
             let msg = if b.status == "queued" {
-                format!("Booking {} is queued: {}", b.id, b.reason.clone().unwrap_or_default())
+                format!(
+                    "Booking {} is queued: {}",
+                    b.id,
+                    b.reason.clone().unwrap_or_default()
+                )
             } else {
-                format!("Booked: {} {} from {}.", b.model.clone().unwrap_or_default(),
-                        b.profile.clone().unwrap_or_else(|| format!("{} GiB share", b.memory_gib)),
-                        booking::when(b.start))
+                format!(
+                    "Booked: {} {} from {}.",
+                    b.model.clone().unwrap_or_default(),
+                    b.profile
+                        .clone()
+                        .unwrap_or_else(|| format!("{} GiB share", b.memory_gib)),
+                    booking::when(b.start)
+                )
             };
             flash(&session, msg).await?;
             Ok(Redirect::to(&format!("/bookings/{}", b.id)).into_response())
@@ -427,8 +436,15 @@ pub async fn create(
             Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
         }
         Err(BookingError::Refused(m)) => {
-            let page = new_page(&state, &session, &user, input, FieldErrors::default(), Some(m))
-                .await?;
+            let page = new_page(
+                &state,
+                &session,
+                &user,
+                input,
+                FieldErrors::default(),
+                Some(m),
+            )
+            .await?;
             Ok((StatusCode::CONFLICT, page).into_response())
         }
         Err(e) => Err(e.into()),
@@ -573,7 +589,10 @@ impl Detail {
     pub fn what(&self) -> String {
         match &self.b.profile {
             Some(p) => format!("MIG {p}"),
-            None => format!("{} GiB time-sliced share, {} priority", self.b.memory_gib, self.b.priority),
+            None => format!(
+                "{} GiB time-sliced share, {} priority",
+                self.b.memory_gib, self.b.priority
+            ),
         }
     }
 
@@ -668,7 +687,10 @@ fn refusal_of(e: BookingError) -> Result<(StatusCode, String), AppError> {
     match e {
         BookingError::Invalid(list) => Ok((
             StatusCode::UNPROCESSABLE_ENTITY,
-            list.into_iter().map(|(_, m)| m).collect::<Vec<_>>().join("; "),
+            list.into_iter()
+                .map(|(_, m)| m)
+                .collect::<Vec<_>>()
+                .join("; "),
         )),
         BookingError::Refused(m) => Ok((StatusCode::CONFLICT, m)),
         other => Err(other.into()),
@@ -685,7 +707,14 @@ pub async fn release(
     Form(form): Form<ReasonForm>,
 ) -> Result<Response, AppError> {
     let who = requester(&user);
-    match booking::release(&state.pool, &who, id, Some(&form.reason), Some(&user.client_addr)).await
+    match booking::release(
+        &state.pool,
+        &who,
+        id,
+        Some(&form.reason),
+        Some(&user.client_addr),
+    )
+    .await
     {
         Ok(b) => {
             let msg = if b.status == "cancelled" {
@@ -730,7 +759,11 @@ pub async fn extend(
     };
     match booking::extend(&state.pool, &requester(&user), id, hours).await {
         Ok(b) => {
-            flash(&session, format!("Booking {id} now ends {}.", booking::when(b.end))).await?;
+            flash(
+                &session,
+                format!("Booking {id} now ends {}.", booking::when(b.end)),
+            )
+            .await?;
             Ok(Redirect::to(&format!("/bookings/{id}")).into_response())
         }
         Err(e) => {

@@ -32,7 +32,11 @@ impl MyTenant {
     pub fn bars(&self) -> Vec<Bar> {
         let q = &self.tenant.quota;
         let bar = |label, used: f64, limit: f64, unit: &str| {
-            let pct = if limit > 0.0 { (used / limit * 100.0).clamp(0.0, 100.0) } else { 100.0 };
+            let pct = if limit > 0.0 {
+                (used / limit * 100.0).clamp(0.0, 100.0)
+            } else {
+                100.0
+            };
             Bar {
                 label,
                 used: format!("{used:.0}{unit}"),
@@ -42,10 +46,30 @@ impl MyTenant {
             }
         };
         vec![
-            bar("Active bookings", f64::from(self.used.active_bookings), f64::from(q.max_active_bookings), ""),
-            bar("GPU memory", f64::from(self.used.memory_gib), f64::from(q.max_gpu_memory_gib), " GiB"),
-            bar("Compute slices", f64::from(self.used.compute_slices), f64::from(q.max_compute_slices), ""),
-            bar("Slice-hours this month (used + booked)", self.used.slice_hours, f64::from(q.monthly_slice_hours), ""),
+            bar(
+                "Active bookings",
+                f64::from(self.used.active_bookings),
+                f64::from(q.max_active_bookings),
+                "",
+            ),
+            bar(
+                "GPU memory",
+                f64::from(self.used.memory_gib),
+                f64::from(q.max_gpu_memory_gib),
+                " GiB",
+            ),
+            bar(
+                "Compute slices",
+                f64::from(self.used.compute_slices),
+                f64::from(q.max_compute_slices),
+                "",
+            ),
+            bar(
+                "Slice-hours this month (used + booked)",
+                self.used.slice_hours,
+                f64::from(q.monthly_slice_hours),
+                "",
+            ),
         ]
     }
 }

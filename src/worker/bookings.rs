@@ -103,7 +103,9 @@ pub async fn run(pool: PgPool, node: String, backend: Arc<dyn GpuBackend>, setti
         }
     };
     match db::bookings::clear_node_leases(&pool, &node).await {
-        Ok(n) if n > 0 => tracing::info!(node = %node, leases = n, "took over the leases of the previous worker"),
+        Ok(n) if n > 0 => {
+            tracing::info!(node = %node, leases = n, "took over the leases of the previous worker")
+        }
         Ok(_) => {}
         Err(e) => tracing::warn!(node = %node, error = %e, "cannot clear old leases"),
     }
@@ -112,7 +114,7 @@ pub async fn run(pool: PgPool, node: String, backend: Arc<dyn GpuBackend>, setti
     let mut n: u32 = 0;
     loop {
         tick.tick().await;
-        if n % settings.reconcile_every.max(1) == 0 {
+        if n.is_multiple_of(settings.reconcile_every.max(1)) {
             if let Err(e) = reconcile(&pool, &node, backend.clone(), &settings).await {
                 tracing::warn!(node = %node, error = format!("{e:#}"), "reconcile failed");
             }
@@ -132,9 +134,15 @@ pub async fn step(
     backend: Arc<dyn GpuBackend>,
     settings: &Settings,
 ) -> anyhow::Result<usize> {
-    let due =
-        db::bookings::claim_due(pool, node, owner, settings.lease_secs, settings.warn_secs, 20)
-            .await?;
+    let due = db::bookings::claim_due(
+        pool,
+        node,
+        owner,
+        settings.lease_secs,
+        settings.warn_secs,
+        20,
+    )
+    .await?;
     for (id, what) in &due {
         let result = match what {
             Due::Provision => provision(pool, node, *id, backend.clone()).await,
@@ -304,7 +312,11 @@ async fn teardown(
                 let grace = settings.grace;
                 let ended = blocking(move || backend.destroy_instance(&gpu, gi, grace)).await??;
                 if !ended.is_empty() {
-                    tracing::info!(booking = id, processes = ended.len(), "ended processes on the device");
+                    tracing::info!(
+                        booking = id,
+                        processes = ended.len(),
+                        "ended processes on the device"
+                    );
                 }
             }
         }
