@@ -95,6 +95,9 @@ pub struct ServeArgs {
     /// Hours after sign-in after which a session ends regardless.
     #[arg(long, env = "GPUSLICE_SESSION_MAX_HOURS", default_value_t = 12)]
     pub session_max_hours: i64,
+    /// How many days ahead a booking may start.
+    #[arg(long, env = "GPUSLICE_MAX_AHEAD_DAYS", default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..=3650))]
+    pub max_ahead_days: i64,
 }
 
 /// Where the GPUs come from: the settings of a worker.
@@ -648,7 +651,11 @@ async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -> Re
     } else {
         start_workers(&pool, &args.gpu, data_dir, None)?
     };
-    let state = AppState::new(pool, settings).await?;
+    let mut state = AppState::new(pool, settings).await?;
+    state.booking_settings = std::sync::Arc::new(crate::booking::Settings {
+        max_ahead_days: args.max_ahead_days,
+        ..Default::default()
+    });
     let listener = tokio::net::TcpListener::bind(&args.bind)
         .await
         .with_context(|| {
