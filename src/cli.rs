@@ -98,6 +98,9 @@ pub struct ServeArgs {
     /// How many days ahead a booking may start.
     #[arg(long, env = "GPUSLICE_MAX_AHEAD_DAYS", default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..=3650))]
     pub max_ahead_days: i64,
+    /// Currency of tariffs and reports (ISO 4217 code, e.g. EUR, USD, CHF).
+    #[arg(long, env = "GPUSLICE_CURRENCY", default_value = "EUR")]
+    pub currency: String,
 }
 
 /// Where the GPUs come from: the settings of a worker.
@@ -134,9 +137,24 @@ pub struct GpuArgs {
     /// Seconds processes on a device get between SIGTERM and SIGKILL when its booking ends.
     #[arg(long, env = "GPUSLICE_GRACE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
     pub grace_secs: u64,
+    /// Length of a metering interval in seconds (one usage row per booking per interval).
+    #[arg(long, env = "GPUSLICE_METER_INTERVAL_SECS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..=3600))]
+    pub meter_interval_secs: i64,
+    /// Usage rows the local spool holds while PostgreSQL is unreachable.
+    #[arg(long, env = "GPUSLICE_SPOOL_MAX_ROWS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(100..=100_000_000))]
+    pub spool_max_rows: u64,
 }
 
 impl GpuArgs {
+    /// The meter's settings.
+    pub fn meter_settings(&self) -> crate::worker::meter::Settings {
+        crate::worker::meter::Settings {
+            interval_secs: self.meter_interval_secs,
+            tick: std::time::Duration::from_secs((self.meter_interval_secs as u64 / 6).clamp(1, 5)),
+            spool_max_rows: self.spool_max_rows as usize,
+        }
+    }
+
     /// The booking worker's settings.
     pub fn worker_settings(&self) -> crate::worker::bookings::Settings {
         crate::worker::bookings::Settings {
@@ -566,9 +584,16 @@ pub fn start_workers(
                     )),
                     tokio::spawn(crate::worker::bookings::run(
                         pool.clone(),
+                        node.clone(),
+                        backend.clone(),
+                        gpu.worker_settings(),
+                    )),
+                    tokio::spawn(crate::worker::meter::run(
+                        pool.clone(),
                         node,
                         backend,
-                        gpu.worker_settings(),
+                        data_dir.join("spool"),
+                        gpu.meter_settings(),
                     )),
                     tokio::spawn(crate::worker::bookings::run_planner(
                         pool.clone(),
@@ -618,8 +643,15 @@ pub fn start_workers(
         tasks.push(tokio::spawn(crate::worker::bookings::run(
             pool.clone(),
             node.name.clone(),
-            backend,
+            backend.clone(),
             gpu.worker_settings(),
+        )));
+        tasks.push(tokio::spawn(crate::worker::meter::run(
+            pool.clone(),
+            node.name.clone(),
+            backend,
+            data_dir.join("spool"),
+            gpu.meter_settings(),
         )));
     }
     // Queued bookings wait for capacity anywhere, so one planner serves
@@ -630,7 +662,7 @@ pub fn start_workers(
         std::time::Duration::from_millis(gpu.worker_tick_ms),
     )));
     tracing::info!(
-        nodes = (tasks.len() - 1) / 2,
+        nodes = (tasks.len() - 1) / 3,
         "worker started for the simulated fleet"
     );
     Ok(tasks)
@@ -651,7 +683,12 @@ async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -> Re
     } else {
         start_workers(&pool, &args.gpu, data_dir, None)?
     };
+    let currency = args.currency.trim().to_uppercase();
+    if currency.len() != 3 || !currency.chars().all(|c| c.is_ascii_uppercase()) {
+        bail!("--currency: give a three-letter ISO 4217 code such as EUR or USD");
+    }
     let mut state = AppState::new(pool, settings).await?;
+    state.currency = std::sync::Arc::from(currency.as_str());
     state.booking_settings = std::sync::Arc::new(crate::booking::Settings {
         max_ahead_days: args.max_ahead_days,
         ..Default::default()

@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod tenants;
 pub mod throttle;
 pub mod tokens;
+pub mod usage;
 pub mod users;
 
 use std::path::Path;

@@ -2,6 +2,7 @@
 //! once at the edge (forms, JSON, CLI) and trusted afterwards.
 
 pub mod booking;
+pub mod usage;
 mod password;
 mod quota;
 

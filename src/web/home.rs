@@ -29,6 +29,15 @@ pub struct Bar {
 }
 
 impl MyTenant {
+    /// Percent of the monthly slice-hour budget used and booked.
+    pub fn budget_pct(&self) -> u32 {
+        let budget = f64::from(self.tenant.quota.monthly_slice_hours);
+        if budget <= 0.0 {
+            return 100;
+        }
+        (self.used.slice_hours / budget * 100.0).round() as u32
+    }
+
     pub fn bars(&self) -> Vec<Bar> {
         let q = &self.tenant.quota;
         let bar = |label, used: f64, limit: f64, unit: &str| {

@@ -13,6 +13,7 @@ pub mod home;
 pub mod ops;
 pub mod pages;
 pub mod settings;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,6 +69,8 @@ pub struct AppState {
     pub dummy_hash: Arc<str>,
     /// When bookings may start.
     pub booking_settings: Arc<crate::booking::Settings>,
+    /// The currency of tariffs and reports (ISO 4217 code).
+    pub currency: Arc<str>,
 }
 
 impl AppState {
@@ -84,6 +87,7 @@ impl AppState {
             metrics: Arc::new(ops::Metrics::default()),
             dummy_hash: dummy.into(),
             booking_settings: Arc::new(crate::booking::Settings::default()),
+            currency: Arc::from("EUR"),
         })
     }
 }
@@ -142,6 +146,12 @@ pub fn router(state: AppState) -> Router {
         .route("/bookings/{id}", get(bookings::show))
         .route("/bookings/{id}/release", post(bookings::release))
         .route("/bookings/{id}/extend", post(bookings::extend))
+        .route("/usage", get(usage::usage_page))
+        .route("/reports", get(usage::reports))
+        .route("/reports/", get(|| async { Redirect::to("/reports") }))
+        .route("/reports/usage.csv", get(usage::usage_csv))
+        .route("/admin/tariffs", get(usage::tariffs).post(usage::set_tariff))
+        .route("/admin/tariffs/{id}/delete", post(usage::delete_tariff))
         .route("/settings/tokens", get(settings::tokens).post(settings::create_token))
         .route("/settings/tokens/{id}/revoke", post(settings::revoke_token))
         .route("/admin", get(|| async { Redirect::to("/admin/tenants") }))
@@ -170,6 +180,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/me", get(api::me))
         .route("/api/v1/tenants", get(api::tenants))
         .route("/api/v1/offerings", get(bookings::api_offerings))
+        .route("/api/v1/usage", get(usage::api_usage))
         .route("/api/v1/bookings", get(bookings::api_list).post(bookings::api_create))
         .route("/api/v1/bookings/{id}", get(bookings::api_get))
         .route("/api/v1/bookings/{id}/release", post(bookings::api_release))

@@ -3,6 +3,7 @@
 //! as unhealthy. (Applying bookings, the scheduler and metering build on it.)
 
 pub mod bookings;
+pub mod meter;
 
 use std::sync::Arc;
 use std::time::Duration;

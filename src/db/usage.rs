@@ -1,0 +1,307 @@
+//! Usage rows, tariffs, alerts and the reports built from them.
+
+use futures_util::stream::BoxStream;
+use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
+use time::{Date, OffsetDateTime};
+
+use crate::domain::usage::UsageRow;
+
+/// A booking the worker meters.
+#[derive(Debug, Clone)]
+pub struct ToMeter {
+    pub id: i64,
+    pub kind: String,
+    pub compute_slices: i32,
+    pub memory_gib: i32,
+    pub start: OffsetDateTime,
+    pub end: OffsetDateTime,
+    pub metered_until: Option<OffsetDateTime>,
+    pub device_uuid: String,
+    pub gpu_uuid: String,
+    pub status: String,
+}
+
+/// Bookings of `node` that got a device and are not fully metered.
+pub async fn to_meter(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<ToMeter>> {
+    sqlx::query_as!(
+        ToMeter,
+        r#"SELECT b.id, b.kind, b.compute_slices, b.memory_gib,
+                  lower(b.during) AS "start!", upper(b.during) AS "end!", b.metered_until,
+                  b.device_uuid AS "device_uuid!", g.uuid AS gpu_uuid, b.status
+           FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
+           WHERE n.name = $1 AND b.device_uuid IS NOT NULL
+             AND (b.status IN ('active', 'releasing')
+                  OR b.metered_until IS NULL OR b.metered_until < upper(b.during))"#,
+        node
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Stores usage rows (a row already there is left alone: re-metering is a
+/// no-op) and moves each booking's `metered_until` to its last row's end.
+pub async fn record(tx: &mut Transaction<'_, Postgres>, rows: &[UsageRow]) -> sqlx::Result<u64> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let ts = |s: i64| OffsetDateTime::from_unix_timestamp(s).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let ids: Vec<i64> = rows.iter().map(|r| r.booking_id).collect();
+    let starts: Vec<OffsetDateTime> = rows.iter().map(|r| ts(r.start)).collect();
+    let ends: Vec<OffsetDateTime> = rows.iter().map(|r| ts(r.end)).collect();
+    let slices: Vec<f64> = rows.iter().map(|r| r.slice_seconds).collect();
+    let gibs: Vec<f64> = rows.iter().map(|r| r.gib_seconds).collect();
+    let utils: Vec<Option<f32>> = rows.iter().map(|r| r.utilization_pct).collect();
+    let mems: Vec<Option<i64>> = rows.iter().map(|r| r.memory_used_mib).collect();
+    let inserted = sqlx::query!(
+        r#"INSERT INTO usage (booking_id, interval_start, interval_end, slice_seconds, gib_seconds,
+                              utilization_pct, memory_used_mib)
+           SELECT * FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::float8[],
+                                $5::float8[], $6::real[], $7::bigint[])
+           ON CONFLICT (booking_id, interval_start) DO NOTHING"#,
+        &ids,
+        &starts,
+        &ends,
+        &slices,
+        &gibs,
+        &utils as &[Option<f32>],
+        &mems as &[Option<i64>]
+    )
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query!(
+        "UPDATE bookings b SET metered_until = GREATEST(b.metered_until, m.until)
+         FROM (SELECT id, max(e) AS until FROM unnest($1::bigint[], $2::timestamptz[]) AS u (id, e)
+               GROUP BY id) m
+         WHERE b.id = m.id",
+        &ids,
+        &ends
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(inserted)
+}
+
+/// Raises an alert.
+pub async fn alert(
+    db: impl PgExecutor<'_>,
+    severity: &str,
+    source: &str,
+    message: &str,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO alerts (severity, source, message) VALUES ($1, $2, $3)",
+        severity,
+        source,
+        message
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A tariff as stored.
+#[derive(Debug, Clone)]
+pub struct Tariff {
+    pub id: i64,
+    pub model: String,
+    pub kind: String,
+    /// Decimal text, as stored (NUMERIC(12,4)).
+    pub price: String,
+    pub effective_from: Date,
+}
+
+pub async fn tariffs(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Tariff>> {
+    sqlx::query_as!(
+        Tariff,
+        r#"SELECT id, model, kind, price_per_slice_hour::text AS "price!", effective_from
+           FROM tariffs ORDER BY model, kind, effective_from DESC"#
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Adds (or replaces, for the same model, kind and date) a tariff.
+pub async fn set_tariff(
+    db: impl PgExecutor<'_>,
+    model: &str,
+    kind: &str,
+    price: &str,
+    effective_from: Date,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        "INSERT INTO tariffs (model, kind, price_per_slice_hour, effective_from)
+         VALUES ($1, $2, $3::text::numeric, $4)
+         ON CONFLICT (model, kind, effective_from)
+         DO UPDATE SET price_per_slice_hour = EXCLUDED.price_per_slice_hour
+         RETURNING id",
+        model,
+        kind,
+        price,
+        effective_from
+    )
+    .fetch_one(db)
+    .await
+}
+
+pub async fn delete_tariff(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<bool> {
+    let r = sqlx::query!("DELETE FROM tariffs WHERE id = $1", id)
+        .execute(db)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// One row of the finance export: one booking on one day (UTC).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DayRow {
+    pub day: Date,
+    pub tenant_slug: String,
+    pub tenant_name: String,
+    pub user_email: String,
+    pub booking_id: i64,
+    pub kind: String,
+    pub model: String,
+    /// The MIG profile, or `12 GiB share`.
+    pub what: String,
+    pub slice_seconds: f64,
+    pub gib_seconds: f64,
+    /// Cost rounded to cents, by the tariff in force on that day; `None`
+    /// when no tariff covers it.
+    pub cost: Option<f64>,
+}
+
+/// Streams the export rows of `[from, to]` (dates, UTC), one tenant or all,
+/// ordered by day, tenant and booking. Rows come from the database as the
+/// response goes out: memory stays flat however long the period.
+pub fn day_rows<'a>(
+    pool: &'a PgPool,
+    from: Date,
+    to: Date,
+    tenant_id: Option<i64>,
+    user_id: Option<i64>,
+) -> BoxStream<'a, sqlx::Result<DayRow>> {
+    sqlx::query_as!(
+        DayRow,
+        r#"WITH days AS (
+               SELECT u.booking_id, (u.interval_start AT TIME ZONE 'UTC')::date AS day,
+                      sum(u.slice_seconds) AS slice_seconds, sum(u.gib_seconds) AS gib_seconds
+               FROM usage u
+               WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
+                 AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
+               GROUP BY u.booking_id, day
+           )
+           SELECT d.day AS "day!", t.slug AS tenant_slug, t.name AS tenant_name,
+                  us.email AS user_email, b.id AS booking_id, b.kind,
+                  COALESCE(b.model, '') AS "model!",
+                  COALESCE(b.profile, b.memory_gib || ' GiB share') AS "what!",
+                  d.slice_seconds AS "slice_seconds!", d.gib_seconds AS "gib_seconds!",
+                  round(d.slice_seconds::numeric / 3600 * tf.price, 2)::float8 AS cost
+           FROM days d
+           JOIN bookings b ON b.id = d.booking_id
+           JOIN tenants t ON t.id = b.tenant_id
+           JOIN users us ON us.id = b.user_id
+           LEFT JOIN LATERAL (
+               SELECT price_per_slice_hour AS price FROM tariffs
+               WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
+               ORDER BY effective_from DESC LIMIT 1
+           ) tf ON TRUE
+           WHERE ($3::bigint IS NULL OR b.tenant_id = $3) AND ($4::bigint IS NULL OR b.user_id = $4)
+           ORDER BY d.day, t.slug, b.id"#,
+        from,
+        to,
+        tenant_id,
+        user_id
+    )
+    .fetch(pool)
+}
+
+/// Totals of a period by tenant, model and profile (or share), summed from
+/// the same rounded rows as the export, so the two always agree.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Total {
+    pub tenant_slug: String,
+    pub tenant_name: String,
+    pub model: String,
+    pub what: String,
+    pub bookings: i64,
+    pub slice_hours: f64,
+    pub gib_hours: f64,
+    pub cost: f64,
+    /// Rows without a tariff (their cost counts as 0).
+    pub unpriced_rows: i64,
+}
+
+pub async fn totals(
+    db: impl PgExecutor<'_>,
+    from: Date,
+    to: Date,
+    tenant_id: Option<i64>,
+) -> sqlx::Result<Vec<Total>> {
+    sqlx::query_as!(
+        Total,
+        r#"WITH days AS (
+               SELECT u.booking_id, (u.interval_start AT TIME ZONE 'UTC')::date AS day,
+                      sum(u.slice_seconds) AS slice_seconds, sum(u.gib_seconds) AS gib_seconds
+               FROM usage u
+               WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
+                 AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
+               GROUP BY u.booking_id, day
+           ), priced AS (
+               SELECT b.tenant_id, COALESCE(b.model, '') AS model,
+                      COALESCE(b.profile, b.memory_gib || ' GiB share') AS what, b.id AS booking_id,
+                      d.slice_seconds, d.gib_seconds,
+                      round(d.slice_seconds::numeric / 3600 * tf.price, 2) AS cost
+               FROM days d JOIN bookings b ON b.id = d.booking_id
+               LEFT JOIN LATERAL (
+                   SELECT price_per_slice_hour AS price FROM tariffs
+                   WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
+                   ORDER BY effective_from DESC LIMIT 1
+               ) tf ON TRUE
+               WHERE $3::bigint IS NULL OR b.tenant_id = $3
+           )
+           SELECT t.slug AS tenant_slug, t.name AS tenant_name, p.model AS "model!", p.what AS "what!",
+                  count(DISTINCT p.booking_id) AS "bookings!",
+                  sum(p.slice_seconds) / 3600 AS "slice_hours!", sum(p.gib_seconds) / 3600 AS "gib_hours!",
+                  COALESCE(sum(p.cost), 0)::float8 AS "cost!",
+                  count(*) FILTER (WHERE p.cost IS NULL) AS "unpriced_rows!"
+           FROM priced p JOIN tenants t ON t.id = p.tenant_id
+           GROUP BY t.slug, t.name, p.model, p.what
+           ORDER BY t.slug, p.model, p.what"#,
+        from,
+        to,
+        tenant_id
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Usage by day (UTC) for charts: (day, model, what, slice-hours).
+pub async fn by_day(
+    db: impl PgExecutor<'_>,
+    from: Date,
+    to: Date,
+    tenant_id: Option<i64>,
+    user_id: Option<i64>,
+) -> sqlx::Result<Vec<(Date, String, String, f64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT (u.interval_start AT TIME ZONE 'UTC')::date AS "day!",
+                  COALESCE(b.model, '') AS "model!",
+                  COALESCE(b.profile, b.memory_gib || ' GiB share') AS "what!",
+                  sum(u.slice_seconds) / 3600 AS "slice_hours!"
+           FROM usage u JOIN bookings b ON b.id = u.booking_id
+           WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
+             AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
+             AND ($3::bigint IS NULL OR b.tenant_id = $3) AND ($4::bigint IS NULL OR b.user_id = $4)
+           GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"#,
+        from,
+        to,
+        tenant_id,
+        user_id
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.day, r.model, r.what, r.slice_hours))
+        .collect())
+}
