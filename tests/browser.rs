@@ -73,7 +73,11 @@ async fn browser() -> Option<(fantoccini::Client, Driver)> {
                 "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--window-size=1280,900",
                 format!("--user-data-dir={}", profile.display()),
-            ]
+            ],
+            "prefs": {
+                "download.default_directory": downloads().display().to_string(),
+                "download.prompt_for_download": false,
+            }
         }
     });
     let caps = caps.as_object().unwrap().clone();
@@ -90,6 +94,13 @@ async fn browser() -> Option<(fantoccini::Client, Driver)> {
         }
     }
     panic!("ChromeDriver did not accept a session on port {port}");
+}
+
+/// Where the browser saves downloads.
+fn downloads() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/browser-downloads");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 async fn screenshot(c: &fantoccini::Client, name: &str) {
@@ -375,4 +386,59 @@ async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
             .is_empty()));
     c.close().await.unwrap();
     worker.abort();
+}
+
+#[tokio::test]
+async fn finance_downloads_the_usage_csv_from_the_reports_page() {
+    let app = TestApp::spawn().await;
+    app.tenant("lab").await;
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    app.user("fin@uni.edu", "finance", &[]).await;
+    let today = time::OffsetDateTime::now_utc().date();
+    sqlx::query(
+        "INSERT INTO bookings (tenant_id, user_id, kind, model, profile, memory_gib, compute_slices,
+                               priority, hours, during, status)
+         SELECT t.id, u.id, 'mig', 'H100-80GB', '3g.40gb', 40, 3, 'normal', 1,
+                tstzrange(now() - interval '2 hours', now() - interval '1 hour'), 'failed'
+         FROM tenants t, users u WHERE t.slug = 'lab' AND u.email = 'ana@uni.edu'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO usage (booking_id, interval_start, interval_end, slice_seconds, gib_seconds)
+         SELECT id, date_trunc('day', now()), date_trunc('day', now()) + interval '1 hour',
+                3 * 3600, 40 * 3600 FROM bookings",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let Some((c, _driver)) = browser().await else {
+        return;
+    };
+    let file = downloads().join(format!("gpuslice-usage-{}-{today}.csv", today.replace_day(1).unwrap()));
+    let _ = std::fs::remove_file(&file);
+    c.goto(&app.url("/login")).await.unwrap();
+    c.find(Locator::Id("email")).await.unwrap().send_keys("fin@uni.edu").await.unwrap();
+    c.find(Locator::Id("password")).await.unwrap().send_keys(PASSWORD).await.unwrap();
+    c.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    c.wait().for_element(Locator::LinkText("Reports")).await.unwrap();
+    c.find(Locator::LinkText("Reports")).await.unwrap().click().await.unwrap();
+    c.wait().for_element(Locator::Id("csv")).await.unwrap();
+    screenshot(&c, "finance-reports.png").await;
+    c.find(Locator::Id("csv")).await.unwrap().click().await.unwrap();
+    let mut text = String::new();
+    for _ in 0..100 {
+        if let Ok(t) = std::fs::read_to_string(&file) {
+            if t.ends_with("\r\n") {
+                text = t;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(text.starts_with("date,tenant_slug,"), "downloaded {}: {text:?}", file.display());
+    assert!(text.contains(",ana@uni.edu,"), "{text}");
+    assert!(text.contains(",3g.40gb,10800,3.0000,40.0000,,EUR"), "{text}");
+    c.close().await.unwrap();
 }
