@@ -104,7 +104,8 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     let spool = std::env::temp_dir().join(format!("gpuslice-spool-{}", app.db_name));
     let _ = std::fs::remove_dir_all(&spool);
     let backend: Arc<dyn GpuBackend> = node.clone();
-    let settings = Settings { interval_secs: 60, ..Default::default() };
+    // A spool of 3 rows: the outage below fills it, which raises an alert.
+    let settings = Settings { interval_secs: 60, spool_max_rows: 3, ..Default::default() };
     let wpool = worker_pool(&app).await;
 
     let mut m = Meter::new("n1", &spool, settings.clone()).unwrap();
@@ -127,6 +128,11 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     let p = m.pass(&wpool, &backend, at(t0, 15)).await.unwrap();
     assert_eq!((p.flushed, p.written), (3, 2));
     assert_eq!(m.spooled(), 0);
+    let alert: String = sqlx::query_scalar("SELECT message FROM alerts WHERE source = 'meter:n1'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(alert.contains("passed 80 %"), "{alert}");
 
     // Released now (about 30 minutes in): the last interval ends exactly there.
     let r = reqwest::Client::new()

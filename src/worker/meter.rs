@@ -73,13 +73,16 @@ impl Meter {
         let spool_rows = std::fs::read_to_string(&spool)
             .map(|s| s.lines().count())
             .unwrap_or(0);
+        // A spool found 80 % full (the worker restarted during an outage)
+        // still owes its alert.
+        let warned_full = spool_rows * 5 >= settings.spool_max_rows * 4 && spool_rows > 0;
         Ok(Meter {
             node: node.to_string(),
             spool,
             settings,
             known: HashMap::new(),
             spool_rows,
-            warned_full: false,
+            warned_full,
         })
     }
 
