@@ -416,17 +416,48 @@ async fn finance_downloads_the_usage_csv_from_the_reports_page() {
     let Some((c, _driver)) = browser().await else {
         return;
     };
-    let file = downloads().join(format!("gpuslice-usage-{}-{today}.csv", today.replace_day(1).unwrap()));
+    let file = downloads().join(format!(
+        "gpuslice-usage-{}-{today}.csv",
+        today.replace_day(1).unwrap()
+    ));
     let _ = std::fs::remove_file(&file);
     c.goto(&app.url("/login")).await.unwrap();
-    c.find(Locator::Id("email")).await.unwrap().send_keys("fin@uni.edu").await.unwrap();
-    c.find(Locator::Id("password")).await.unwrap().send_keys(PASSWORD).await.unwrap();
-    c.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
-    c.wait().for_element(Locator::LinkText("Reports")).await.unwrap();
-    c.find(Locator::LinkText("Reports")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("email"))
+        .await
+        .unwrap()
+        .send_keys("fin@uni.edu")
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_element(Locator::LinkText("Reports"))
+        .await
+        .unwrap();
+    c.find(Locator::LinkText("Reports"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     c.wait().for_element(Locator::Id("csv")).await.unwrap();
     screenshot(&c, "finance-reports.png").await;
-    c.find(Locator::Id("csv")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("csv"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let mut text = String::new();
     for _ in 0..100 {
         if let Ok(t) = std::fs::read_to_string(&file) {
@@ -437,8 +468,15 @@ async fn finance_downloads_the_usage_csv_from_the_reports_page() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(text.starts_with("date,tenant_slug,"), "downloaded {}: {text:?}", file.display());
+    assert!(
+        text.starts_with("date,tenant_slug,"),
+        "downloaded {}: {text:?}",
+        file.display()
+    );
     assert!(text.contains(",ana@uni.edu,"), "{text}");
-    assert!(text.contains(",3g.40gb,10800,3.0000,40.0000,,EUR"), "{text}");
+    assert!(
+        text.contains(",3g.40gb,10800,3.0000,40.0000,,EUR"),
+        "{text}"
+    );
     c.close().await.unwrap();
 }

@@ -64,7 +64,10 @@ async fn a_million_rows_stream_in_constant_memory() {
     }
     let grew_mib = (peak_rss_kib().saturating_sub(before)) as f64 / 1024.0;
     assert_eq!(lines, 1_000_001, "a header and one row per booking per day");
-    eprintln!("exported {lines} lines, {:.0} MiB; peak memory grew {grew_mib:.1} MiB", bytes as f64 / 1048576.0);
+    eprintln!(
+        "exported {lines} lines, {:.0} MiB; peak memory grew {grew_mib:.1} MiB",
+        bytes as f64 / 1048576.0
+    );
     assert!(
         grew_mib < 64.0,
         "the export held {grew_mib:.0} MiB: it must stream, not buffer ({:.0} MiB of CSV)",

@@ -84,7 +84,9 @@ fn expect_get(path: &str, role: Role) -> StatusCode {
         p if p.starts_with("/static/") => StatusCode::OK,
         "/login" if signed_in => StatusCode::SEE_OTHER,
         "/login" => StatusCode::OK,
-        p if (p.starts_with("/api/") || p.contains(".csv")) && !signed_in => StatusCode::UNAUTHORIZED,
+        p if (p.starts_with("/api/") || p.contains(".csv")) && !signed_in => {
+            StatusCode::UNAUTHORIZED
+        }
         _ if !signed_in => StatusCode::SEE_OTHER,
         "/" | "/settings/tokens" | "/api/v1/me" | "/api/v1/tenants" => StatusCode::OK,
         "/bookings" | "/bookings/new" | "/api/v1/offerings" | "/api/v1/bookings" => StatusCode::OK,

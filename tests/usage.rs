@@ -35,7 +35,12 @@ async fn setup() -> (TestApp, Arc<SimBackend>, String) {
     (app, node, token)
 }
 
-async fn book_active(app: &TestApp, node: &Arc<SimBackend>, token: &str, body: serde_json::Value) -> i64 {
+async fn book_active(
+    app: &TestApp,
+    node: &Arc<SimBackend>,
+    token: &str,
+    body: serde_json::Value,
+) -> i64 {
     let r = reqwest::Client::new()
         .post(app.url("/api/v1/bookings"))
         .bearer_auth(token)
@@ -44,7 +49,9 @@ async fn book_active(app: &TestApp, node: &Arc<SimBackend>, token: &str, body: s
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_i64().unwrap();
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap();
     let b: Arc<dyn GpuBackend> = node.clone();
     gpuslice::worker::bookings::step(&app.pool, "n1", "t", b, &Default::default())
         .await
@@ -65,7 +72,13 @@ async fn worker_pool(app: &TestApp) -> PgPool {
 /// Takes the test's database away (and gives it back): a real outage for
 /// everything connected to it, the rest of the cluster untouched.
 async fn outage(app: &TestApp, down: bool) {
-    let mut admin = app.options.clone().database("postgres").connect().await.unwrap();
+    let mut admin = app
+        .options
+        .clone()
+        .database("postgres")
+        .connect()
+        .await
+        .unwrap();
     let name = &app.db_name;
     sqlx::query(&format!(
         "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS {}",
@@ -90,7 +103,13 @@ fn at(t: OffsetDateTime, mins: i64) -> OffsetDateTime {
 #[tokio::test]
 async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     let (app, node, token) = setup().await;
-    let id = book_active(&app, &node, &token, json!({"tenant": "lab", "kind": "mig", "profile": "2g.20gb", "hours": 1})).await;
+    let id = book_active(
+        &app,
+        &node,
+        &token,
+        json!({"tenant": "lab", "kind": "mig", "profile": "2g.20gb", "hours": 1}),
+    )
+    .await;
     // Let the booking have started 30 minutes ago.
     let t0: OffsetDateTime = sqlx::query_scalar(
         "UPDATE bookings SET during = tstzrange(date_trunc('second', now()) - interval '30 minutes',
@@ -105,7 +124,11 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     let _ = std::fs::remove_dir_all(&spool);
     let backend: Arc<dyn GpuBackend> = node.clone();
     // A spool of 3 rows: the outage below fills it, which raises an alert.
-    let settings = Settings { interval_secs: 60, spool_max_rows: 3, ..Default::default() };
+    let settings = Settings {
+        interval_secs: 60,
+        spool_max_rows: 3,
+        ..Default::default()
+    };
     let wpool = worker_pool(&app).await;
 
     let mut m = Meter::new("n1", &spool, settings.clone()).unwrap();
@@ -113,7 +136,10 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     assert_eq!(p.written, 10);
     // A restarted worker meters nothing twice.
     let mut m = Meter::new("n1", &spool, settings.clone()).unwrap();
-    assert_eq!(m.pass(&wpool, &backend, at(t0, 10)).await.unwrap().written, 0);
+    assert_eq!(
+        m.pass(&wpool, &backend, at(t0, 10)).await.unwrap().written,
+        0
+    );
 
     // PostgreSQL goes away: three intervals wait in the spool on disk.
     outage(&app, true).await;
@@ -142,9 +168,13 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    m.pass(&wpool, &backend, OffsetDateTime::now_utc() + time::Duration::seconds(1))
-        .await
-        .unwrap();
+    m.pass(
+        &wpool,
+        &backend,
+        OffsetDateTime::now_utc() + time::Duration::seconds(1),
+    )
+    .await
+    .unwrap();
     let rows: Vec<(OffsetDateTime, OffsetDateTime, f64, f64)> = sqlx::query_as(
         "SELECT interval_start, interval_end, slice_seconds, gib_seconds FROM usage
          WHERE booking_id = $1 ORDER BY interval_start",
@@ -160,7 +190,10 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
             .await
             .unwrap();
     assert_eq!(rows.first().unwrap().0, start);
-    assert_eq!(rows.last().unwrap().1.unix_timestamp(), end.unix_timestamp());
+    assert_eq!(
+        rows.last().unwrap().1.unix_timestamp(),
+        end.unix_timestamp()
+    );
     for w in rows.windows(2) {
         assert_eq!(w[0].1, w[1].0, "a gap or an overlap");
     }
@@ -168,7 +201,10 @@ async fn metering_has_no_gap_nor_double_across_restarts_and_an_outage() {
     assert!((seconds - (end - start).as_seconds_f64()).abs() < 1.0);
     // 2g.20gb: two slices, 20 GiB.
     let slice_seconds: f64 = rows.iter().map(|r| r.2).sum();
-    assert!((slice_seconds - 2.0 * seconds).abs() < 2.0, "{slice_seconds} vs {seconds}");
+    assert!(
+        (slice_seconds - 2.0 * seconds).abs() < 2.0,
+        "{slice_seconds} vs {seconds}"
+    );
     assert!(rows.iter().all(|r| (r.3 / r.2 - 10.0).abs() < 1e-9));
     // Metering again after the end adds nothing.
     let p = m.pass(&wpool, &backend, at(end, 60)).await.unwrap();
@@ -222,7 +258,13 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
 #[tokio::test]
 async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
     let (app, node, token) = setup().await;
-    let id = book_active(&app, &node, &token, json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1})).await;
+    let id = book_active(
+        &app,
+        &node,
+        &token,
+        json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1}),
+    )
+    .await;
     // A tenant name a spreadsheet would run as a formula, with a comma.
     sqlx::query("UPDATE tenants SET name = '=HYPERLINK(\"x\"), Lab' WHERE slug = 'lab'")
         .execute(&app.pool)
@@ -236,16 +278,32 @@ async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
     // Tariffs: 1.50 from Nov 1st, 2.00 from Nov 15th (set in the admin form).
     for (price, from) in [("1.5", "2026-11-01"), ("2", "2026-11-15")] {
         let r = app
-            .post_form(&root, "/admin/tariffs", "/admin/tariffs", &[
-                ("model", "H100-80GB"), ("kind", "mig"), ("price", price), ("effective_from", from),
-            ])
+            .post_form(
+                &root,
+                "/admin/tariffs",
+                "/admin/tariffs",
+                &[
+                    ("model", "H100-80GB"),
+                    ("kind", "mig"),
+                    ("price", price),
+                    ("effective_from", from),
+                ],
+            )
             .await;
         assert_eq!(r.status(), StatusCode::SEE_OTHER);
     }
     let r = app
-        .post_form(&root, "/admin/tariffs", "/admin/tariffs", &[
-            ("model", "H100-80GB"), ("kind", "mig"), ("price", "-1"), ("effective_from", "soon"),
-        ])
+        .post_form(
+            &root,
+            "/admin/tariffs",
+            "/admin/tariffs",
+            &[
+                ("model", "H100-80GB"),
+                ("kind", "mig"),
+                ("price", "-1"),
+                ("effective_from", "soon"),
+            ],
+        )
         .await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let body = r.text().await.unwrap();
@@ -253,7 +311,9 @@ async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
     assert_eq!(app.one::<i64>("SELECT count(*) FROM tariffs").await, 2);
 
     // Finance fetches the CSV with an API token.
-    let fin = gpuslice::cli::token_create(&app.pool, "fin@uni.edu", "t").await.unwrap();
+    let fin = gpuslice::cli::token_create(&app.pool, "fin@uni.edu", "t")
+        .await
+        .unwrap();
     let r = reqwest::Client::new()
         .get(app.url("/reports/usage.csv?from=2026-11-01&to=2026-11-30"))
         .bearer_auth(&fin)
@@ -265,17 +325,30 @@ async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
     let text = r.text().await.unwrap();
     assert!(text.contains("\r\n"), "CRLF line ends");
     let rows = parse_csv(&text);
-    assert_eq!(rows[0].join(","), gpuslice::web::usage::CSV_HEADER.trim_end());
+    assert_eq!(
+        rows[0].join(","),
+        gpuslice::web::usage::CSV_HEADER.trim_end()
+    );
     assert_eq!(rows.len(), 3, "{text}");
     let d1 = &rows[1];
     assert_eq!(d1[0], "2026-11-10");
     assert_eq!(d1[1], "lab");
-    assert_eq!(d1[2], "'=HYPERLINK(\"x\"), Lab", "formula guarded, comma quoted");
+    assert_eq!(
+        d1[2], "'=HYPERLINK(\"x\"), Lab",
+        "formula guarded, comma quoted"
+    );
     assert_eq!(d1[3], "ana@uni.edu");
     assert_eq!(d1[4], id.to_string());
-    assert_eq!((d1[5].as_str(), d1[6].as_str(), d1[7].as_str()), ("mig", "H100-80GB", "1g.10gb"));
+    assert_eq!(
+        (d1[5].as_str(), d1[6].as_str(), d1[7].as_str()),
+        ("mig", "H100-80GB", "1g.10gb")
+    );
     assert_eq!((d1[8].as_str(), d1[9].as_str()), ("10800", "3.0000"));
-    assert_eq!((d1[11].as_str(), d1[12].as_str()), ("4.50", "EUR"), "1.50 x 3 slice-hours");
+    assert_eq!(
+        (d1[11].as_str(), d1[12].as_str()),
+        ("4.50", "EUR"),
+        "1.50 x 3 slice-hours"
+    );
     assert_eq!(rows[2][11], "4.00", "2.00 x 2 slice-hours after the change");
 
     // The report's totals are the sums of the rows.
@@ -298,7 +371,10 @@ async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
     )
     .await
     .unwrap();
-    let csv_cost: f64 = rows[1..].iter().map(|r| r[11].parse::<f64>().unwrap()).sum();
+    let csv_cost: f64 = rows[1..]
+        .iter()
+        .map(|r| r[11].parse::<f64>().unwrap())
+        .sum();
     let csv_hours: f64 = rows[1..].iter().map(|r| r[9].parse::<f64>().unwrap()).sum();
     assert!((totals.iter().map(|t| t.cost).sum::<f64>() - csv_cost).abs() < 1e-9);
     assert!((totals.iter().map(|t| t.slice_hours).sum::<f64>() - csv_hours).abs() < 1e-3);
@@ -323,7 +399,13 @@ async fn the_export_prices_each_day_by_its_tariff_and_matches_the_report() {
 #[tokio::test]
 async fn only_finance_admins_and_the_tenants_managers_export() {
     let (app, node, token) = setup().await;
-    let id = book_active(&app, &node, &token, json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1})).await;
+    let id = book_active(
+        &app,
+        &node,
+        &token,
+        json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1}),
+    )
+    .await;
     usage_on(&app, id, "2026-11-10", 1.0).await;
     app.tenant("other").await;
     app.user("ta@uni.edu", "none", &["lab:manager"]).await;
@@ -340,11 +422,31 @@ async fn only_finance_admins_and_the_tenants_managers_export() {
         ("ana@uni.edu", "/reports".to_string(), StatusCode::FORBIDDEN),
         ("ta@uni.edu", "/reports".to_string(), StatusCode::FORBIDDEN),
         ("fin@uni.edu", "/reports".to_string(), StatusCode::OK),
-        ("ana@uni.edu", "/usage?from=2026-11-01&to=2026-11-30".to_string(), StatusCode::OK),
-        ("ana@uni.edu", "/usage?tenant=lab".to_string(), StatusCode::FORBIDDEN),
-        ("ta@uni.edu", "/usage?tenant=lab&from=2026-11-01&to=2026-11-30&by=week".to_string(), StatusCode::OK),
-        ("boss@uni.edu", "/usage?tenant=lab".to_string(), StatusCode::NOT_FOUND),
-        ("ana@uni.edu", "/admin/tariffs".to_string(), StatusCode::FORBIDDEN),
+        (
+            "ana@uni.edu",
+            "/usage?from=2026-11-01&to=2026-11-30".to_string(),
+            StatusCode::OK,
+        ),
+        (
+            "ana@uni.edu",
+            "/usage?tenant=lab".to_string(),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "ta@uni.edu",
+            "/usage?tenant=lab&from=2026-11-01&to=2026-11-30&by=week".to_string(),
+            StatusCode::OK,
+        ),
+        (
+            "boss@uni.edu",
+            "/usage?tenant=lab".to_string(),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "ana@uni.edu",
+            "/admin/tariffs".to_string(),
+            StatusCode::FORBIDDEN,
+        ),
     ];
     for (who, path, want) in cases {
         let c = app.signed_in(who).await;
@@ -354,7 +456,14 @@ async fn only_finance_admins_and_the_tenants_managers_export() {
     // The manager's export holds only their tenant; a member's usage page
     // shows their own usage with a link to the booking.
     let ta = app.signed_in("ta@uni.edu").await;
-    let text = ta.get(app.url(&csv("&tenant=lab"))).send().await.unwrap().text().await.unwrap();
+    let text = ta
+        .get(app.url(&csv("&tenant=lab")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(parse_csv(&text).len(), 2);
     let ana = app.signed_in("ana@uni.edu").await;
     let page = ana
@@ -384,12 +493,20 @@ async fn only_finance_admins_and_the_tenants_managers_export() {
 #[tokio::test]
 async fn the_dashboard_warns_at_80_percent_of_the_budget() {
     let (app, node, token) = setup().await;
-    sqlx::query("UPDATE tenants SET monthly_slice_hours = 10, max_gpu_memory_gib = 100 WHERE slug = 'lab'")
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE tenants SET monthly_slice_hours = 10, max_gpu_memory_gib = 100 WHERE slug = 'lab'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
     // 7 slices x 1 h booked + 2 used earlier = 9 of 10.
-    let id = book_active(&app, &node, &token, json!({"tenant": "lab", "kind": "mig", "profile": "7g.80gb", "hours": 1})).await;
+    let id = book_active(
+        &app,
+        &node,
+        &token,
+        json!({"tenant": "lab", "kind": "mig", "profile": "7g.80gb", "hours": 1}),
+    )
+    .await;
     let _ = id;
     sqlx::query(
         "INSERT INTO bookings (tenant_id, user_id, kind, profile, model, memory_gib, compute_slices, priority, hours, during, status, gpu_id, slices)
@@ -403,6 +520,16 @@ async fn the_dashboard_warns_at_80_percent_of_the_budget() {
     .await
     .unwrap();
     let c = app.signed_in("ana@uni.edu").await;
-    let page = c.get(app.url("/")).send().await.unwrap().text().await.unwrap();
-    assert!(page.contains("has used or booked 90 % of its 10 slice-hours this month"), "{page}");
+    let page = c
+        .get(app.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("has used or booked 90 % of its 10 slice-hours this month"),
+        "{page}"
+    );
 }

@@ -2,9 +2,9 @@
 //! once at the edge (forms, JSON, CLI) and trusted afterwards.
 
 pub mod booking;
-pub mod usage;
 mod password;
 mod quota;
+pub mod usage;
 
 pub use password::{hash as hash_password, verify as verify_password, Password, PasswordError};
 pub use quota::{Quota, QuotaField, QuotaInput};

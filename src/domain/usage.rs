@@ -87,9 +87,15 @@ mod tests {
 
     #[test]
     fn intervals_follow_the_grid_and_end_exactly_at_the_end() {
-        assert_eq!(due_intervals(0, 150, None, 1000, 60), vec![(0, 60), (60, 120), (120, 150)]);
+        assert_eq!(
+            due_intervals(0, 150, None, 1000, 60),
+            vec![(0, 60), (60, 120), (120, 150)]
+        );
         // Only complete intervals: at 130 the third is still running.
-        assert_eq!(due_intervals(0, 150, None, 130, 60), vec![(0, 60), (60, 120)]);
+        assert_eq!(
+            due_intervals(0, 150, None, 130, 60),
+            vec![(0, 60), (60, 120)]
+        );
         assert_eq!(due_intervals(0, 150, Some(120), 130, 60), vec![]);
         assert_eq!(due_intervals(0, 150, Some(120), 150, 60), vec![(120, 150)]);
         assert_eq!(due_intervals(0, 150, Some(150), 9999, 60), vec![]);

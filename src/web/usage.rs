@@ -43,23 +43,31 @@ fn parse_date(raw: &str, field: &str) -> Result<Option<Date>, AppError> {
     if raw.is_empty() {
         return Ok(None);
     }
-    Date::parse(raw, time::macros::format_description!("[year]-[month]-[day]"))
-        .map(Some)
-        .map_err(|_| {
-            AppError::Unprocessable(format!("{field}: \"{raw}\" is not a date; use YYYY-MM-DD"))
-        })
+    Date::parse(
+        raw,
+        time::macros::format_description!("[year]-[month]-[day]"),
+    )
+    .map(Some)
+    .map_err(|_| {
+        AppError::Unprocessable(format!("{field}: \"{raw}\" is not a date; use YYYY-MM-DD"))
+    })
 }
 
 /// The period asked for; default: this month so far.
 fn period(p: &Period) -> Result<(Date, Date), AppError> {
     let today = OffsetDateTime::now_utc().date();
-    let from = parse_date(&p.from, "from")?.unwrap_or_else(|| today.replace_day(1).unwrap_or(today));
+    let from =
+        parse_date(&p.from, "from")?.unwrap_or_else(|| today.replace_day(1).unwrap_or(today));
     let to = parse_date(&p.to, "to")?.unwrap_or(today);
     if to < from {
-        return Err(AppError::Unprocessable("to: the period ends before it starts".into()));
+        return Err(AppError::Unprocessable(
+            "to: the period ends before it starts".into(),
+        ));
     }
     if (to - from).whole_days() > 3660 {
-        return Err(AppError::Unprocessable("the period may span at most ten years".into()));
+        return Err(AppError::Unprocessable(
+            "the period may span at most ten years".into(),
+        ));
     }
     Ok((from, to))
 }
@@ -80,7 +88,9 @@ async fn whose(state: &AppState, user: &CurrentUser, tenant: &str) -> Result<Who
         return if user.is_admin() || user.is_finance() {
             Ok(Whose::All)
         } else {
-            Err(AppError::Forbidden("only finance and admins see every tenant".into()))
+            Err(AppError::Forbidden(
+                "only finance and admins see every tenant".into(),
+            ))
         };
     }
     let id = db::tenants::id_by_slug(&state.pool, tenant)
@@ -90,7 +100,9 @@ async fn whose(state: &AppState, user: &CurrentUser, tenant: &str) -> Result<Who
     if user.is_admin() || user.is_finance() || m.is_some_and(|m| m.is_manager()) {
         Ok(Whose::Tenant(id))
     } else if m.is_some() {
-        Err(AppError::Forbidden("only the tenant's managers see its usage".into()))
+        Err(AppError::Forbidden(
+            "only the tenant's managers see its usage".into(),
+        ))
     } else {
         Err(AppError::NotFound)
     }
@@ -140,6 +152,8 @@ pub struct UsagePage {
     rows: Vec<ByWhat>,
     bookings: Vec<db::usage::DayRow>,
     total: f64,
+    /// The CSV of the tenant shown (managers).
+    csv_url: Option<String>,
 }
 
 const CHART_H: f64 = 180.0;
@@ -183,14 +197,17 @@ pub async fn usage_page(
             .unwrap_or(0)
             % 8
     };
-    let mut buckets: Vec<(Date, Vec<(usize, String, f64)>)> = Vec::new();
+    // Per bucket: its segments as (series class, title, slice-hours).
+    type Segment = (usize, String, f64);
+    let mut buckets: Vec<(Date, Vec<Segment>)> = Vec::new();
     for (day, model, what, h) in &days {
         let b = bucket(*day, &by);
         if buckets.last().is_none_or(|l| l.0 != b) {
             buckets.push((b, Vec::new()));
         }
         if let Some(last) = buckets.last_mut() {
-            last.1.push((class_of(model, what), format!("{model} {what}"), *h));
+            last.1
+                .push((class_of(model, what), format!("{model} {what}"), *h));
         }
     }
     let max = buckets
@@ -252,8 +269,15 @@ pub async fn usage_page(
         .filter(|m| m.is_manager())
         .map(|m| (m.slug.clone(), m.name.clone()))
         .collect();
+    let csv_url = matches!(w, Whose::Tenant(_)).then(|| {
+        format!(
+            "/reports/usage.csv?from={from}&to={to}&tenant={}",
+            form_urlencoded::byte_serialize(q.tenant.as_bytes()).collect::<String>()
+        )
+    });
     Ok(UsagePage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
+        csv_url,
         from: from.to_string(),
         to: to.to_string(),
         by,
@@ -306,7 +330,9 @@ fn require_finance(user: &CurrentUser) -> Result<(), AppError> {
     if user.is_finance() || user.is_admin() {
         Ok(())
     } else {
-        Err(AppError::Forbidden("reports are for finance and platform admins".into()))
+        Err(AppError::Forbidden(
+            "reports are for finance and platform admins".into(),
+        ))
     }
 }
 
@@ -434,7 +460,11 @@ pub async fn usage_csv(
     let body = async_stream(pool, from, to, tenant_id, currency);
     let name = format!(
         "gpuslice-usage-{from}-{to}{}.csv",
-        if q.tenant.is_empty() { String::new() } else { format!("-{}", q.tenant) }
+        if q.tenant.is_empty() {
+            String::new()
+        } else {
+            format!("-{}", q.tenant)
+        }
     );
     Ok((
         [
@@ -460,7 +490,11 @@ fn async_stream(
 ) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     tokio::spawn(async move {
-        if tx.send(Ok(Bytes::from_static(CSV_HEADER.as_bytes()))).await.is_err() {
+        if tx
+            .send(Ok(Bytes::from_static(CSV_HEADER.as_bytes())))
+            .await
+            .is_err()
+        {
             return;
         }
         let mut rows = db::usage::day_rows(&pool, from, to, tenant_id, None);
@@ -470,7 +504,8 @@ fn async_stream(
                 Ok(r) => {
                     csv_line(&r, &currency, &mut buf);
                     if buf.len() >= 64 * 1024 {
-                        let chunk = Bytes::from(std::mem::replace(&mut buf, String::with_capacity(70_000)));
+                        let chunk =
+                            Bytes::from(std::mem::replace(&mut buf, String::with_capacity(70_000)));
                         if tx.send(Ok(chunk)).await.is_err() {
                             return; // the client went away
                         }
@@ -584,11 +619,16 @@ pub async fn set_tariff(
     {
         errors.add("kind", "this model has no MIG");
     }
-    let price = parse_price(&form.price).map_err(|e| errors.add("price", e)).ok();
+    let price = parse_price(&form.price)
+        .map_err(|e| errors.add("price", e))
+        .ok();
     let day = match parse_date(&form.effective_from, "effective_from") {
         Ok(Some(d)) => Some(d),
         _ => {
-            errors.add("effective_from", "give the first day it applies, as YYYY-MM-DD");
+            errors.add(
+                "effective_from",
+                "give the first day it applies, as YYYY-MM-DD",
+            );
             None
         }
     };
@@ -635,8 +675,14 @@ pub async fn delete_tariff(
     if !db::usage::delete_tariff(&mut *tx, id).await? {
         return Err(AppError::NotFound);
     }
-    db::audit::record(&mut *tx, &user.actor(), "tariff.delete", &format!("tariff {id}"), json!({}))
-        .await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "tariff.delete",
+        &format!("tariff {id}"),
+        json!({}),
+    )
+    .await?;
     tx.commit().await?;
     flash(&session, "Tariff removed.").await?;
     Ok(Redirect::to("/admin/tariffs"))

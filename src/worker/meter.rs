@@ -103,7 +103,9 @@ impl Meter {
         if self.spool_rows > 0 {
             match self.flush(pool).await {
                 Ok(n) => out.flushed = n,
-                Err(e) => tracing::warn!(node = %self.node, error = %e, "usage spool not flushed yet"),
+                Err(e) => {
+                    tracing::warn!(node = %self.node, error = %e, "usage spool not flushed yet")
+                }
             }
         }
         let reachable = match db::usage::to_meter(pool, &self.node).await {
@@ -127,7 +129,9 @@ impl Meter {
                     self.advance(&rows);
                     return Ok(out);
                 }
-                Err(e) => tracing::warn!(node = %self.node, error = %e, "usage write failed; spooling"),
+                Err(e) => {
+                    tracing::warn!(node = %self.node, error = %e, "usage write failed; spooling")
+                }
             }
         }
         out.spooled = self.spool_append(&rows)?;
@@ -176,7 +180,11 @@ impl Meter {
 
     /// Utilisation and memory in use, where the hardware reports them: the
     /// device's processes for MIG, the GPU's telemetry for a share.
-    async fn measure(&self, backend: &Arc<dyn GpuBackend>, b: &ToMeter) -> (Option<f32>, Option<i64>) {
+    async fn measure(
+        &self,
+        backend: &Arc<dyn GpuBackend>,
+        b: &ToMeter,
+    ) -> (Option<f32>, Option<i64>) {
         let (be, kind, device, gpu) = (
             backend.clone(),
             b.kind.clone(),
