@@ -744,9 +744,10 @@ impl Planner {
     }
 }
 
-/// Tries to place queued bookings, highest priority first and fair across
-/// tenants (one per tenant per round within a priority), oldest first
-/// within a tenant. Returns how many were placed.
+/// Tries to place queued bookings: highest priority first; within a
+/// priority, tenants take turns — each tenant's first waiting booking before
+/// anyone's second, and among those the tenant served longest ago (or
+/// never) first — then oldest first. Returns how many were placed.
 pub async fn plan_queue(pool: &PgPool) -> Result<usize, BookingError> {
     let queued = db::bookings::queued(pool).await?;
     let rank = |p: &str| match p {
@@ -754,16 +755,15 @@ pub async fn plan_queue(pool: &PgPool) -> Result<usize, BookingError> {
         "normal" => 1,
         _ => 2,
     };
-    // Round-robin across tenants within each priority.
-    let mut seen: HashMap<(i32, i64), usize> = HashMap::new();
-    let mut order: Vec<(i32, usize, usize, i64)> = queued
+    let mut turns: HashMap<(i32, i64), usize> = HashMap::new();
+    let mut order: Vec<(i32, usize, Option<OffsetDateTime>, usize, i64)> = queued
         .iter()
         .enumerate()
-        .map(|(pos, (id, tenant, prio))| {
+        .map(|(pos, (id, tenant, prio, last))| {
             let r = rank(prio);
-            let turn = seen.entry((r, *tenant)).or_default();
+            let turn = turns.entry((r, *tenant)).or_default();
             *turn += 1;
-            (r, *turn, pos, *id)
+            (r, *turn, *last, pos, *id)
         })
         .collect();
     order.sort();
@@ -771,7 +771,7 @@ pub async fn plan_queue(pool: &PgPool) -> Result<usize, BookingError> {
     // Shapes that found no room in this pass: an identical request behind
     // them would not either (placing others only takes capacity away).
     let mut no_room: std::collections::HashSet<String> = Default::default();
-    for (_, _, _, id) in order {
+    for (_, _, _, _, id) in order {
         match place_one_queued(pool, id, &mut no_room).await {
             Ok(true) => placed += 1,
             Ok(false) => {}

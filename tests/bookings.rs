@@ -895,3 +895,49 @@ async fn offerings_list_what_the_fleet_has_with_room_now() {
     assert_eq!(share["model"], "L40S-48GB");
     assert_eq!(share["available_now"], 1);
 }
+
+#[tokio::test]
+async fn the_queue_serves_priority_first_then_takes_turns_across_tenants() {
+    let fleet =
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
+    let w = World::new(fleet).await;
+    w.tenant("lab-a", &[]).await;
+    w.tenant("lab-b", &[]).await;
+    w.tenant("lab-c", &[("priority", "high")]).await;
+    let a = w.person("a@uni.edu", "none", &["lab-a"]).await;
+    let b = w.person("b@uni.edu", "none", &["lab-b"]).await;
+    let c = w.person("c@uni.edu", "none", &["lab-c"]).await;
+    let id = |v: &Value| v["id"].as_i64().unwrap();
+    let (_, holder) = w.book(&a, mig("lab-a", "7g.80gb", 1)).await;
+    assert_eq!(holder["status"], "scheduled");
+    // Submitted in this order: A1, A2, B1, C1 (C's tenant has high priority).
+    let (_, a1) = w.book(&a, mig("lab-a", "7g.80gb", 1)).await;
+    let (_, a2) = w.book(&a, mig("lab-a", "7g.80gb", 1)).await;
+    let (_, b1) = w.book(&b, mig("lab-b", "7g.80gb", 1)).await;
+    let (_, c1) = w.book(&c, mig("lab-c", "7g.80gb", 1)).await;
+    for q in [&a1, &a2, &b1, &c1] {
+        assert_eq!(q["status"], "queued");
+    }
+    assert_eq!(c1["priority"], "high");
+    // Each time the GPU frees, the planner places exactly one: C1 (high),
+    // then B1 (A just had the GPU, B never did), then A1, then A2.
+    let mut running = (a.clone(), id(&holder));
+    for (token, next) in [(&c, &c1), (&b, &b1), (&a, &a1), (&a, &a2)] {
+        let (s, _) = w
+            .call(
+                &running.0,
+                "POST",
+                &format!("/api/v1/bookings/{}/release", running.1),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 1);
+        assert_eq!(
+            w.get(token, id(next)).await["status"],
+            "scheduled",
+            "{next}"
+        );
+        running = (token.clone(), id(next));
+    }
+}

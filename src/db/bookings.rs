@@ -440,17 +440,23 @@ pub async fn place_queued(
     Ok(r.rows_affected() == 1)
 }
 
-/// Queued bookings, oldest first: (id, tenant id, priority).
-pub async fn queued(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(i64, i64, String)>> {
+/// Queued bookings, oldest first: (id, tenant id, priority, when the
+/// tenant last had a booking placed, if ever).
+pub async fn queued(
+    db: impl PgExecutor<'_>,
+) -> sqlx::Result<Vec<(i64, i64, String, Option<OffsetDateTime>)>> {
     let rows = sqlx::query!(
-        "SELECT id, tenant_id, priority FROM bookings WHERE status = 'queued'
-         ORDER BY created_at, id"
+        r#"SELECT b.id, b.tenant_id, b.priority,
+                  (SELECT max(e.at) FROM booking_events e JOIN bookings x ON x.id = e.booking_id
+                   WHERE x.tenant_id = b.tenant_id AND e.to_status = 'scheduled') AS last_placed
+           FROM bookings b WHERE b.status = 'queued'
+           ORDER BY b.created_at, b.id"#
     )
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| (r.id, r.tenant_id, r.priority))
+        .map(|r| (r.id, r.tenant_id, r.priority, r.last_placed))
         .collect())
 }
 
