@@ -9,6 +9,7 @@ pub mod db;
 pub mod domain;
 pub mod gpu;
 pub mod placement;
+pub mod scheduler;
 pub mod web;
 pub mod worker;
 
