@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod booking;
+pub mod cgroup;
 pub mod cli;
 pub mod db;
 pub mod domain;

@@ -4,6 +4,7 @@
 
 pub mod bookings;
 pub mod meter;
+pub mod timeslice;
 
 use std::sync::Arc;
 use std::time::Duration;

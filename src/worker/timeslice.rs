@@ -1,0 +1,135 @@
+//! Enforces one time-sliced GPU's scheduler on real cgroups: the share
+//! whose turn it is runs, every other share's group is frozen. How much of
+//! its slice a share used is the CPU time its group consumed during the
+//! slice (the simulated backend has no per-process GPU utilisation; with
+//! NVML the same place takes the processes' samples).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::Group;
+use crate::scheduler::{GpuScheduler, Share, ShareSpec};
+
+/// The enforcer of one GPU. Blocking: run it on its own thread.
+pub struct Enforcer {
+    sched: GpuScheduler,
+    groups: HashMap<i64, Group>,
+    running: Option<i64>,
+    cpu_at_start: u64,
+    epoch: Instant,
+    /// Freeze-then-thaw times of the switches so far (for the benchmark).
+    pub switches: Vec<Duration>,
+}
+
+impl Default for Enforcer {
+    fn default() -> Self {
+        Enforcer::new()
+    }
+}
+
+impl Enforcer {
+    pub fn new() -> Enforcer {
+        Enforcer {
+            sched: GpuScheduler::default(),
+            groups: HashMap::new(),
+            running: None,
+            cpu_at_start: 0,
+            epoch: Instant::now(),
+            switches: Vec::new(),
+        }
+    }
+
+    /// Adds a share with its group; it waits frozen for its turn when
+    /// another share runs.
+    pub fn add(&mut self, spec: ShareSpec, group: Group) {
+        if self.running.is_some() {
+            let _ = group.freeze();
+        }
+        self.groups.insert(spec.id, group);
+        self.sched.add(spec);
+    }
+
+    /// Removes a share (its group is left thawed for its owner to remove).
+    pub fn remove(&mut self, id: i64) {
+        if let Some(g) = self.groups.remove(&id) {
+            let _ = g.thaw();
+        }
+        self.sched.remove(id);
+        if self.running == Some(id) {
+            self.running = None;
+        }
+    }
+
+    pub fn shares(&self) -> &[Share] {
+        self.sched.shares()
+    }
+
+    /// One step: closes the running slice, lets the scheduler choose, and
+    /// freezes / thaws accordingly. Returns when to step again.
+    pub fn step(&mut self) -> Instant {
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        let used = self
+            .running
+            .and_then(|id| self.groups.get(&id))
+            .map(|g| g.cpu_ns().saturating_sub(self.cpu_at_start) as f64 / 1e6);
+        let groups = &self.groups;
+        let d = self.sched.tick(now_ms, used, |id| {
+            groups.get(&id).is_some_and(|g| !g.pids().is_empty())
+        });
+        if d.run != self.running {
+            let t = Instant::now();
+            // Freeze first, so two shares never run at once.
+            if let Some(g) = self.running.and_then(|id| self.groups.get(&id)) {
+                let _ = g.freeze();
+            }
+            if let Some(g) = d.run.and_then(|id| self.groups.get(&id)) {
+                let _ = g.thaw();
+            }
+            if self.running.is_some() && d.run.is_some() {
+                self.switches.push(t.elapsed());
+            }
+            if self.running.is_none() {
+                // First turn: everyone else waits.
+                for (id, g) in &self.groups {
+                    if Some(*id) != d.run {
+                        let _ = g.freeze();
+                    }
+                }
+            }
+            self.running = d.run;
+        }
+        if d.alone {
+            // A single share is never paused.
+            if let Some(g) = d.run.and_then(|id| self.groups.get(&id)) {
+                if g.is_frozen() {
+                    let _ = g.thaw();
+                }
+            }
+        }
+        self.cpu_at_start = d
+            .run
+            .and_then(|id| self.groups.get(&id))
+            .map(Group::cpu_ns)
+            .unwrap_or(0);
+        self.epoch + Duration::from_millis(d.until)
+    }
+
+    /// Runs until `deadline`, sleeping between steps.
+    pub fn run_until(&mut self, deadline: Instant) {
+        while Instant::now() < deadline {
+            let next = self.step().min(deadline);
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            }
+        }
+    }
+
+    /// Thaws every share (stop: leave nothing frozen).
+    pub fn release_all(&mut self) {
+        for g in self.groups.values() {
+            let _ = g.thaw();
+        }
+        self.running = None;
+    }
+}
