@@ -18,6 +18,9 @@ pub enum Layout {
         memory: Option<PathBuf>,
         cpuacct: Option<PathBuf>,
         cpuset: Option<PathBuf>,
+        /// A hybrid host's v2 mount (`unified`): when present, freezing uses
+        /// its `cgroup.freeze`, which settles faster than the v1 freezer.
+        unified: Option<PathBuf>,
     },
 }
 
@@ -35,11 +38,16 @@ impl Layout {
             let p = base.join(c);
             p.join("cgroup.procs").is_file().then(|| p.join(prefix))
         };
+        let unified = base.join("unified");
         Some(Layout::V1 {
             freezer: v1("freezer")?,
             memory: v1("memory"),
             cpuacct: v1("cpuacct"),
             cpuset: v1("cpuset"),
+            unified: unified
+                .join("cgroup.procs")
+                .is_file()
+                .then(|| unified.join(prefix)),
         })
     }
 
@@ -59,10 +67,12 @@ impl Layout {
                 memory,
                 cpuacct,
                 cpuset,
+                unified,
             } => std::iter::once(freezer.clone())
                 .chain(memory.clone())
                 .chain(cpuacct.clone())
                 .chain(cpuset.clone())
+                .chain(unified.clone())
                 .collect(),
         }
     }
@@ -105,10 +115,16 @@ impl Layout {
                 memory,
                 cpuacct,
                 cpuset,
+                unified,
             } => {
-                for root in [Some(freezer), memory.as_ref(), cpuacct.as_ref()]
-                    .into_iter()
-                    .flatten()
+                for root in [
+                    Some(freezer),
+                    memory.as_ref(),
+                    cpuacct.as_ref(),
+                    unified.as_ref(),
+                ]
+                .into_iter()
+                .flatten()
                 {
                     std::fs::create_dir_all(root)?;
                     mkdir(&root.join(&g.name))?;
@@ -161,6 +177,13 @@ impl Layout {
         ids
     }
 
+    /// Removes the (empty) prefix directories; groups inside stay.
+    pub fn remove_prefix(&self) {
+        for d in self.roots() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
     /// Thaws every group (a worker's start: nothing stays frozen from a
     /// previous run). Returns how many were frozen.
     pub fn thaw_all(&self) -> usize {
@@ -200,8 +223,17 @@ impl Group {
     fn freezer_dir(&self) -> PathBuf {
         match &self.layout {
             Layout::V2 { dir } => dir.join(&self.name),
+            Layout::V1 {
+                unified: Some(u), ..
+            } if u.join(&self.name).join("cgroup.freeze").is_file() => u.join(&self.name),
             Layout::V1 { freezer, .. } => freezer.join(&self.name),
         }
+    }
+
+    /// Freezing through a v2 `cgroup.freeze` (pure v2, or a hybrid's
+    /// unified mount) rather than the v1 freezer.
+    fn v2_freezer(&self) -> bool {
+        self.freezer_dir().join("cgroup.freeze").is_file()
     }
 
     pub fn exists(&self) -> bool {
@@ -246,13 +278,14 @@ impl Group {
     }
 
     pub fn is_frozen(&self) -> bool {
-        match &self.layout {
-            Layout::V2 { .. } => std::fs::read_to_string(self.freezer_dir().join("cgroup.freeze"))
+        if self.v2_freezer() {
+            std::fs::read_to_string(self.freezer_dir().join("cgroup.freeze"))
                 .map(|s| s.trim() == "1")
-                .unwrap_or(false),
-            Layout::V1 { .. } => std::fs::read_to_string(self.freezer_dir().join("freezer.state"))
+                .unwrap_or(false)
+        } else {
+            std::fs::read_to_string(self.freezer_dir().join("freezer.state"))
                 .map(|s| s.trim() != "THAWED")
-                .unwrap_or(false),
+                .unwrap_or(false)
         }
     }
 
@@ -268,8 +301,8 @@ impl Group {
     fn set_frozen(&self, frozen: bool) -> std::io::Result<()> {
         let dir = self.freezer_dir();
         let deadline = Instant::now() + Duration::from_secs(2);
-        match &self.layout {
-            Layout::V2 { .. } => {
+        match self.v2_freezer() {
+            true => {
                 std::fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
                 if frozen {
                     // Settled when cgroup.events says so.
@@ -279,11 +312,11 @@ impl Group {
                         if ev.lines().any(|l| l.trim() == "frozen 1") {
                             break;
                         }
-                        std::thread::sleep(Duration::from_micros(50));
+                        std::thread::yield_now();
                     }
                 }
             }
-            Layout::V1 { .. } => {
+            false => {
                 let want = if frozen { "FROZEN" } else { "THAWED" };
                 std::fs::write(dir.join("freezer.state"), want)?;
                 while Instant::now() < deadline {
@@ -291,7 +324,7 @@ impl Group {
                     if s.trim() == want {
                         break;
                     }
-                    std::thread::sleep(Duration::from_micros(50));
+                    std::thread::yield_now();
                 }
             }
         }

@@ -179,6 +179,13 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Time-slice scheduler: tick cost with 1,000 shares; as root, the
+    /// achieved 4:2:1 ratio of real busy processes and the switch latency.
+    Scheduler {
+        /// Seconds each real-process run lasts.
+        #[arg(long, default_value_t = 15)]
+        secs: u64,
+    },
     /// MIG benchmark: H100-80GB fleet, request stream from the trace's pods.
     Mig {
         /// Pod list CSV with creation_time and deletion_time.
@@ -377,6 +384,7 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             decisions,
             json,
         } => return bench_latency(*gpus, *bookings, *decisions, *json),
+        BenchCommand::Scheduler { secs } => return crate::bench::scheduler::run(*secs),
         BenchCommand::Replay {
             nodes,
             pods,

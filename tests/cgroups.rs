@@ -45,22 +45,7 @@ fn cleanup(l: &Layout) {
     for id in l.existing() {
         let _ = l.group(id).remove(Duration::from_millis(100));
     }
-    let dirs = match l {
-        Layout::V2 { dir } => vec![dir.clone()],
-        Layout::V1 {
-            freezer,
-            memory,
-            cpuacct,
-            cpuset,
-        } => std::iter::once(freezer.clone())
-            .chain(memory.clone())
-            .chain(cpuacct.clone())
-            .chain(cpuset.clone())
-            .collect(),
-    };
-    for d in dirs {
-        let _ = std::fs::remove_dir(d);
-    }
+    l.remove_prefix();
 }
 
 fn busy() -> Child {

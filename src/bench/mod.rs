@@ -3,3 +3,4 @@
 pub mod latency;
 pub mod mig;
 pub mod replay;
+pub mod scheduler;
