@@ -71,6 +71,19 @@ pub enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Run CMD inside an active booking on this GPU node: joins the booking's
+    /// cgroup through the local worker and sets CUDA_VISIBLE_DEVICES.
+    /// Needs no database; exits with CMD's status.
+    Exec {
+        /// The booking's number.
+        booking: i64,
+        /// The local worker's socket (default: <data dir>/exec.sock).
+        #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
+        socket: Option<PathBuf>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -134,6 +147,16 @@ pub struct GpuArgs {
     /// Warn this many minutes before a booking ends.
     #[arg(long, env = "GPUSLICE_WARN_MINUTES", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=1440))]
     pub warn_minutes: u64,
+    /// Booking cgroups (isolation and time-slicing): auto (when root with a
+    /// freezer) or off.
+    #[arg(long, env = "GPUSLICE_CGROUPS", default_value = "auto", value_parser = ["auto", "off"])]
+    pub cgroups: String,
+    /// Seconds a share's process may stay over the share's GPU memory after the warning.
+    #[arg(long, env = "GPUSLICE_SHARE_MEMORY_GRACE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub share_memory_grace_secs: u64,
+    /// Socket of `gpuslice exec` (default: <data dir>/exec.sock).
+    #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
+    pub exec_socket: Option<PathBuf>,
     /// Seconds processes on a device get between SIGTERM and SIGKILL when its booking ends.
     #[arg(long, env = "GPUSLICE_GRACE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
     pub grace_secs: u64,
@@ -146,6 +169,58 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
+    /// The cgroup layout for a node's bookings, if cgroups are on and usable.
+    pub fn cgroups_for(&self, node: &str) -> Option<crate::cgroup::Layout> {
+        if self.cgroups == "off" {
+            return None;
+        }
+        let l = crate::worker::shares::layout_for(node);
+        if l.is_none() {
+            tracing::warn!(node = %node, "no cgroups (not root, or no freezer): bookings are not isolated and shares are not time-sliced");
+        }
+        l
+    }
+
+    /// Starts the per-node parts that need cgroups (the shares' scheduler)
+    /// and the exec socket for `nodes`.
+    fn start_isolation(
+        &self,
+        pool: &PgPool,
+        data_dir: &std::path::Path,
+        nodes: &[(
+            String,
+            std::sync::Arc<dyn crate::gpu::GpuBackend>,
+            Option<crate::cgroup::Layout>,
+        )],
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        for (node, backend, layout) in nodes {
+            if let Some(l) = layout {
+                tasks.push(tokio::spawn(crate::worker::shares::run(
+                    pool.clone(),
+                    node.clone(),
+                    backend.clone(),
+                    l.clone(),
+                    std::time::Duration::from_secs(self.share_memory_grace_secs),
+                )));
+            }
+        }
+        let socket = self
+            .exec_socket
+            .clone()
+            .unwrap_or_else(|| data_dir.join("exec.sock"));
+        let map = nodes
+            .iter()
+            .map(|(n, _, l)| (n.clone(), l.clone()))
+            .collect();
+        tasks.push(tokio::spawn(crate::worker::exec::serve(
+            pool.clone(),
+            socket,
+            map,
+        )));
+        tasks
+    }
+
     /// The meter's settings.
     pub fn meter_settings(&self) -> crate::worker::meter::Settings {
         crate::worker::meter::Settings {
@@ -262,6 +337,14 @@ pub struct TenantAddArgs {
 pub enum UserCommand {
     /// Create a user; the password is read from standard input.
     Add(UserAddArgs),
+    /// Link a user to their Unix account on the GPU nodes (for `gpuslice exec`).
+    Link {
+        #[arg(long)]
+        email: String,
+        /// The account name; `--unix-user ''` removes the link.
+        #[arg(long)]
+        unix_user: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -308,6 +391,16 @@ pub fn init_tracing(json: bool) {
 pub async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
         Command::GpuCheck { nvml_lib } => return gpu_check(nvml_lib.as_deref()),
+        Command::Exec {
+            booking,
+            socket,
+            cmd,
+        } => {
+            let socket = socket
+                .clone()
+                .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
+            return exec(&socket, *booking, cmd);
+        }
         Command::Bench(b) => return bench(b),
         _ => {}
     }
@@ -321,7 +414,16 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
     match command {
-        Command::GpuCheck { .. } | Command::Bench(_) => Ok(()),
+        Command::GpuCheck { .. } | Command::Bench(_) | Command::Exec { .. } => Ok(()),
+        Command::User(UserCommand::Link { email, unix_user }) => {
+            user_link(&pool, &email, &unix_user).await?;
+            println!(
+                "linked {} to Unix account \"{}\"",
+                email.trim().to_lowercase(),
+                unix_user.trim()
+            );
+            Ok(())
+        }
         Command::Migrate => {
             println!("database is up to date");
             Ok(())
@@ -365,6 +467,62 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
             Ok(())
         }
     }
+}
+
+/// `gpuslice exec`: joins the booking through the local worker, then
+/// replaces this process with `cmd` (so its exit status is CMD's).
+fn exec(socket: &std::path::Path, booking: i64, cmd: &[String]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let reply = crate::worker::exec::request(socket, booking).map_err(|e| anyhow!(e))?;
+    if !reply.ok {
+        bail!(
+            "{}",
+            reply.error.unwrap_or_else(|| "the worker refused".into())
+        );
+    }
+    let device = reply.device.unwrap_or_default();
+    if !reply.isolated {
+        eprintln!(
+            "gpuslice: this node has no cgroups; {cmd:?} runs without isolation",
+            cmd = cmd[0]
+        );
+    }
+    let err = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("CUDA_VISIBLE_DEVICES", &device)
+        .env("NVIDIA_VISIBLE_DEVICES", &device)
+        .env("GPUSLICE_BOOKING", booking.to_string())
+        .exec();
+    bail!("cannot run {}: {err}", cmd[0])
+}
+
+/// `user link`: the Unix account `gpuslice exec` accepts for a user.
+pub async fn user_link(pool: &PgPool, email: &str, unix_user: &str) -> Result<()> {
+    let email = Email::parse(email).map_err(|e| anyhow!("--email: {e}"))?;
+    let unix_user = unix_user.trim();
+    let valid = unix_user.is_empty()
+        || (unix_user.len() <= 32
+            && unix_user.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && unix_user
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'));
+    if !valid {
+        bail!("--unix-user: \"{unix_user}\" is not a Unix account name (lower-case letters, digits, _ and -)");
+    }
+    let id = db::users::id_by_email(pool, &email)
+        .await?
+        .ok_or_else(|| anyhow!("--email: no user has the e-mail {email}"))?;
+    let value = (!unix_user.is_empty()).then_some(unix_user);
+    db::users::set_unix_user(pool, id, value).await?;
+    db::audit::record(
+        pool,
+        &Actor::cli(),
+        "user.unix_user",
+        email.as_str(),
+        json!({ "unix_user": value }),
+    )
+    .await?;
+    Ok(())
 }
 
 /// `bench replay`: FGD's trace replay under the chosen policies.
@@ -583,7 +741,12 @@ pub fn start_workers(
                 let backend: Arc<dyn GpuBackend> = Arc::new(b);
                 let shares = gpu.max_shares;
                 tracing::info!(node = %node, "worker started on the NVML backend");
-                return Ok(vec![
+                let layout = gpu.cgroups_for(&node);
+                let mut settings = gpu.worker_settings();
+                settings.cgroups = layout.clone();
+                let mut tasks =
+                    gpu.start_isolation(pool, data_dir, &[(node.clone(), backend.clone(), layout)]);
+                tasks.extend([
                     tokio::spawn(crate::worker::run_inventory(
                         pool.clone(),
                         node.clone(),
@@ -594,7 +757,7 @@ pub fn start_workers(
                         pool.clone(),
                         node.clone(),
                         backend.clone(),
-                        gpu.worker_settings(),
+                        settings,
                     )),
                     tokio::spawn(crate::worker::meter::run(
                         pool.clone(),
@@ -608,6 +771,7 @@ pub fn start_workers(
                         std::time::Duration::from_millis(gpu.worker_tick_ms),
                     )),
                 ]);
+                return Ok(tasks);
             }
             Err(e) if gpu.backend == "nvml" => bail!("{e}"),
             Err(e) => {
@@ -625,6 +789,7 @@ pub fn start_workers(
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("cannot create {}", state_dir.display()))?;
     let mut tasks = Vec::new();
+    let mut isolated = Vec::new();
     for node in fleet
         .nodes
         .iter()
@@ -648,11 +813,15 @@ pub fn start_workers(
             backend.clone(),
             max_shares,
         )));
+        let layout = gpu.cgroups_for(&node.name);
+        let mut settings = gpu.worker_settings();
+        settings.cgroups = layout.clone();
+        isolated.push((node.name.clone(), backend.clone(), layout));
         tasks.push(tokio::spawn(crate::worker::bookings::run(
             pool.clone(),
             node.name.clone(),
             backend.clone(),
-            gpu.worker_settings(),
+            settings,
         )));
         tasks.push(tokio::spawn(crate::worker::meter::run(
             pool.clone(),
@@ -670,9 +839,10 @@ pub fn start_workers(
         std::time::Duration::from_millis(gpu.worker_tick_ms),
     )));
     tracing::info!(
-        nodes = (tasks.len() - 1) / 3,
+        nodes = isolated.len(),
         "worker started for the simulated fleet"
     );
+    tasks.extend(gpu.start_isolation(pool, data_dir, &isolated));
     Ok(tasks)
 }
 

@@ -48,6 +48,7 @@ impl Node {
             .env("GPUSLICE_BACKEND", "sim")
             .env("GPUSLICE_WORKER_TICK_MS", "100")
             .env("GPUSLICE_GRACE_SECS", "0")
+            .env("GPUSLICE_CGROUPS", "off")
             .env("RUST_LOG", "warn")
             .env_remove("GPUSLICE_SIM_CRASH")
             .stdout(Stdio::null())

@@ -39,6 +39,8 @@ pub struct Booking {
     pub offered_start: Option<OffsetDateTime>,
     pub warned_at: Option<OffsetDateTime>,
     pub attempts: i32,
+    /// The time-slice scheduler's latest view (active shares).
+    pub scheduler: Option<serde_json::Value>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
 }
@@ -56,7 +58,7 @@ pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<
                   lower(b.during) AS "start!", upper(b.during) AS "end!", b.status, b.ending_as,
                   b.gpu_id, g.uuid AS "gpu_uuid?", g.idx AS "gpu_idx?", n.name AS "node?",
                   lower(b.slices) AS slice_start, upper(b.slices) AS slice_end,
-                  b.device_uuid, b.reason, b.offered_start, b.warned_at, b.attempts, b.created_at, b.updated_at
+                  b.device_uuid, b.reason, b.offered_start, b.warned_at, b.attempts, b.scheduler, b.created_at, b.updated_at
            FROM unnest($1::bigint[]) WITH ORDINALITY AS i (id, ord)
            JOIN bookings b ON b.id = i.id
            JOIN tenants t ON t.id = b.tenant_id
@@ -713,4 +715,143 @@ pub async fn capacity_fingerprint(db: impl PgExecutor<'_>) -> sqlx::Result<(i64,
     .fetch_one(db)
     .await?;
     Ok((r.ended, r.gpus))
+}
+
+// ---- Time-sliced shares ------------------------------------------------
+
+/// What `gpuslice exec` needs to know about a booking.
+#[derive(Debug, Clone)]
+pub struct ExecTarget {
+    pub id: i64,
+    pub status: String,
+    pub kind: String,
+    pub device_uuid: Option<String>,
+    pub node: Option<String>,
+    pub owner_email: String,
+    pub owner_unix_user: Option<String>,
+}
+
+pub async fn exec_target(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<ExecTarget>> {
+    sqlx::query_as!(
+        ExecTarget,
+        r#"SELECT b.id, b.status, b.kind, b.device_uuid, n.name AS "node?",
+                  u.email AS owner_email, u.unix_user AS owner_unix_user
+           FROM bookings b JOIN users u ON u.id = b.user_id
+           LEFT JOIN gpus g ON g.id = b.gpu_id LEFT JOIN nodes n ON n.id = g.node_id
+           WHERE b.id = $1"#,
+        id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// An active time-sliced share on a node, for its GPU's scheduler.
+#[derive(Debug, Clone)]
+pub struct ActiveShare {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub gpu_uuid: String,
+    pub priority: String,
+    pub guaranteed_share_pct: i32,
+    pub memory_gib: i32,
+}
+
+pub async fn active_shares(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<ActiveShare>> {
+    sqlx::query_as!(
+        ActiveShare,
+        "SELECT b.id, b.tenant_id, g.uuid AS gpu_uuid, b.priority, t.guaranteed_share_pct, b.memory_gib
+         FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
+         JOIN tenants t ON t.id = b.tenant_id
+         WHERE n.name = $1 AND b.kind = 'timeslice' AND b.status = 'active'
+         ORDER BY b.id",
+        node
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Bookings of a node that hold (or are getting) a device.
+pub async fn live_on_node(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar!(
+        "SELECT b.id FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
+         WHERE n.name = $1 AND b.status IN ('provisioning', 'active', 'releasing')",
+        node
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Stores the scheduler's latest view of a share.
+pub async fn set_scheduler(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    state: &serde_json::Value,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE bookings SET scheduler = $2 WHERE id = $1",
+        id,
+        state
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Records a QoS violation, boost or recovery in the tenant's ledger.
+pub async fn qos_event(
+    db: impl PgExecutor<'_>,
+    booking_id: i64,
+    tenant_id: i64,
+    kind: &str,
+    achieved: f64,
+    guaranteed: f64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO qos_events (booking_id, tenant_id, kind, achieved_share_pct, guaranteed_share_pct)
+         VALUES ($1, $2, $3, $4, $5)",
+        booking_id,
+        tenant_id,
+        kind,
+        achieved,
+        guaranteed
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// One entry of a tenant's QoS ledger.
+#[derive(Debug, Clone)]
+pub struct QosEvent {
+    pub at: OffsetDateTime,
+    pub booking_id: i64,
+    pub kind: String,
+    pub achieved_share_pct: f64,
+    pub guaranteed_share_pct: f64,
+}
+
+pub async fn qos_ledger(
+    db: impl PgExecutor<'_>,
+    tenant_id: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<QosEvent>> {
+    sqlx::query_as!(
+        QosEvent,
+        "SELECT at, booking_id, kind, achieved_share_pct, guaranteed_share_pct FROM qos_events
+         WHERE tenant_id = $1 ORDER BY at DESC, id DESC LIMIT $2",
+        tenant_id,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The scheduler state stored for a booking.
+pub async fn scheduler_of(
+    db: impl PgExecutor<'_>,
+    id: i64,
+) -> sqlx::Result<Option<serde_json::Value>> {
+    sqlx::query_scalar!("SELECT scheduler FROM bookings WHERE id = $1", id)
+        .fetch_one(db)
+        .await
 }

@@ -232,3 +232,19 @@ pub async fn live_session_epoch(db: impl PgExecutor<'_>, id: i64) -> sqlx::Resul
     .fetch_optional(db)
     .await
 }
+
+/// Links a user to their Unix account on the GPU nodes (`None`: unlink).
+pub async fn set_unix_user(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    unix_user: Option<&str>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE users SET unix_user = $2 WHERE id = $1",
+        id,
+        unix_user
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}

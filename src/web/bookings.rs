@@ -88,6 +88,7 @@ pub fn booking_json(b: &Booking) -> Value {
         "device_uuid": b.device_uuid,
         "reason": b.reason,
         "earliest_start": b.offered_start.map(rfc3339),
+        "scheduler": if b.kind == "timeslice" && b.status == "active" { b.scheduler.clone().unwrap_or(Value::Null) } else { Value::Null },
         "created_at": rfc3339(b.created_at),
     });
     if let Some(p) = &b.profile {
@@ -596,6 +597,22 @@ impl Detail {
         }
     }
 
+    /// The scheduler's view of an active share.
+    pub fn scheduler(&self) -> Option<SchedView> {
+        if self.b.kind != "timeslice" || self.b.status != "active" {
+            return None;
+        }
+        let s = self.b.scheduler.as_ref()?;
+        Some(SchedView {
+            achieved: s["achieved_share_pct"].as_f64().unwrap_or(0.0),
+            guaranteed: s["guaranteed_share_pct"].as_f64().unwrap_or(0.0),
+            slice_ms: s["time_slice_ms"].as_f64().unwrap_or(0.0),
+            priority: s["priority"].as_str().unwrap_or("").to_string(),
+            boosted: s["boosted"].as_bool().unwrap_or(false),
+            violations: s["violations"].as_u64().unwrap_or(0),
+        })
+    }
+
     pub fn offer_link(&self) -> Option<String> {
         let t = self.b.offered_start?;
         let start = rfc3339(t);
@@ -609,6 +626,39 @@ impl Detail {
             .append_pair("start", &start)
             .append_pair("hours", &self.b.hours.to_string());
         Some(format!("/bookings/new?{}", q.finish()))
+    }
+}
+
+/// A share's achieved against guaranteed part of its GPU.
+pub struct SchedView {
+    pub achieved: f64,
+    pub guaranteed: f64,
+    pub slice_ms: f64,
+    pub priority: String,
+    pub boosted: bool,
+    pub violations: u64,
+}
+
+impl SchedView {
+    /// Bar widths in a 220-unit track.
+    pub fn achieved_w(&self) -> f64 {
+        self.achieved.clamp(0.0, 100.0) * 2.2
+    }
+
+    pub fn guaranteed_w(&self) -> f64 {
+        self.guaranteed.clamp(0.0, 100.0) * 2.2
+    }
+
+    /// Below 90 % of its guarantee (a QoS violation if it was busy).
+    pub fn short(&self) -> bool {
+        self.guaranteed > 0.0 && self.achieved < 0.9 * self.guaranteed
+    }
+
+    pub fn text(&self) -> String {
+        format!(
+            "{:.1} % of the GPU in the last 5 s (guaranteed {:.0} %) · slice {:.0} ms at {} priority · {} QoS violations",
+            self.achieved, self.guaranteed, self.slice_ms, self.priority, self.violations
+        )
     }
 }
 

@@ -124,6 +124,7 @@ pub struct TenantPage {
     tenant: Tenant,
     can_see_members: bool,
     members: Vec<Member>,
+    qos: Vec<db::bookings::QosEvent>,
 }
 
 /// A tenant's quota (members), plus its people (managers and admins).
@@ -153,5 +154,6 @@ pub async fn tenant(
         tenant: db::tenants::get(&state.pool, id).await?,
         can_see_members,
         members,
+        qos: db::bookings::qos_ledger(&state.pool, id, 100).await?,
     })
 }

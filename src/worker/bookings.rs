@@ -36,6 +36,9 @@ pub struct Settings {
     pub max_attempts: i32,
     /// Reconcile every this many ticks.
     pub reconcile_every: u32,
+    /// Where booking cgroups live; `None`: no isolation (not root, no
+    /// freezer), which the worker says at start.
+    pub cgroups: Option<crate::cgroup::Layout>,
 }
 
 impl Default for Settings {
@@ -47,6 +50,7 @@ impl Default for Settings {
             grace: Duration::from_secs(10),
             max_attempts: 5,
             reconcile_every: 10,
+            cgroups: None,
         }
     }
 }
@@ -102,6 +106,10 @@ pub async fn run(pool: PgPool, node: String, backend: Arc<dyn GpuBackend>, setti
             }
         }
     };
+    if let Some(l) = &settings.cgroups {
+        let thawed = l.thaw_all();
+        tracing::info!(node = %node, cgroups = l.kind(), thawed, "booking cgroups ready");
+    }
     match db::bookings::clear_node_leases(&pool, &node).await {
         Ok(n) if n > 0 => {
             tracing::info!(node = %node, leases = n, "took over the leases of the previous worker")
@@ -145,7 +153,7 @@ pub async fn step(
     .await?;
     for (id, what) in &due {
         let result = match what {
-            Due::Provision => provision(pool, node, *id, backend.clone()).await,
+            Due::Provision => provision(pool, node, *id, backend.clone(), settings).await,
             Due::Expire => expire(pool, node, *id, backend.clone(), settings).await,
             Due::Teardown => teardown(pool, node, *id, backend.clone(), settings).await,
             Due::Warn => warn(pool, node, *id).await,
@@ -212,6 +220,7 @@ async fn provision(
     node: &str,
     id: i64,
     backend: Arc<dyn GpuBackend>,
+    settings: &Settings,
 ) -> anyhow::Result<()> {
     let b = db::bookings::get(pool, id).await?;
     if b.status == "scheduled" {
@@ -262,6 +271,10 @@ async fn provision(
         // node's scheduler.
         (gpu, "share registered on the GPU")
     };
+    if let Some(l) = &settings.cgroups {
+        // The booking's processes join this group through `gpuslice exec`.
+        l.create(id, None, None)?;
+    }
     let mut tx = pool.begin().await?;
     db::bookings::activate(&mut tx, id, &device, &actor(node), how).await?;
     tx.commit().await?;
@@ -321,6 +334,11 @@ async fn teardown(
             }
         }
     }
+    if let Some(l) = &settings.cgroups {
+        // Its processes get the grace period, then the group goes.
+        let (g, grace) = (l.group(id), settings.grace);
+        tokio::task::spawn_blocking(move || g.remove(grace)).await??;
+    }
     let mut tx = pool.begin().await?;
     db::bookings::finish_release(&mut tx, id, &actor(node)).await?;
     tx.commit().await?;
@@ -355,6 +373,14 @@ pub async fn reconcile(
     backend: Arc<dyn GpuBackend>,
     settings: &Settings,
 ) -> anyhow::Result<(usize, usize)> {
+    if let Some(l) = &settings.cgroups {
+        let live = db::bookings::live_on_node(pool, node).await?;
+        for id in l.existing().into_iter().filter(|id| !live.contains(id)) {
+            let (g, grace) = (l.group(id), settings.grace);
+            tokio::task::spawn_blocking(move || g.remove(grace)).await??;
+            tracing::info!(node = %node, booking = id, "removed the cgroup of a booking that is over");
+        }
+    }
     let holders = db::bookings::node_mig_holders(pool, node).await?;
     let be = backend.clone();
     let hardware = blocking(move || {

@@ -42,10 +42,14 @@ impl Enforcer {
     /// Adds a share with its group; it waits frozen for its turn when
     /// another share runs.
     pub fn add(&mut self, spec: ShareSpec, group: Group) {
-        if self.running.is_some() {
-            let _ = group.freeze();
+        // A share seen before keeps its state (and, if it runs, runs on);
+        // only its spec is updated.
+        if !self.groups.contains_key(&spec.id) {
+            if self.running.is_some() {
+                let _ = group.freeze();
+            }
+            self.groups.insert(spec.id, group);
         }
-        self.groups.insert(spec.id, group);
         self.sched.add(spec);
     }
 

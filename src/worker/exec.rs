@@ -1,0 +1,178 @@
+//! `gpuslice exec BOOKING -- CMD`: the node's worker listens on a Unix
+//! socket; a caller names a booking, the worker checks who is calling
+//! (SO_PEERCRED: root, or the Unix account linked to the booking's owner,
+//! as pam_slurm_adopt does) and that the booking is active on one of its
+//! nodes, moves the caller's process into the booking's cgroup and answers
+//! with the device. The caller then sets `CUDA_VISIBLE_DEVICES` and
+//! `NVIDIA_VISIBLE_DEVICES` and replaces itself with CMD.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::cgroup::Layout;
+use crate::db;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub booking: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default)]
+    pub device: Option<String>,
+    /// The process is in the booking's cgroup (false: this node has no
+    /// cgroups, the command runs without isolation).
+    #[serde(default)]
+    pub isolated: bool,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+fn refuse(msg: impl Into<String>) -> Reply {
+    Reply {
+        ok: false,
+        device: None,
+        isolated: false,
+        error: Some(msg.into()),
+    }
+}
+
+/// The nodes this process runs, with their cgroup layouts.
+pub type Nodes = HashMap<String, Option<Layout>>;
+
+/// Serves the socket at `path` until the task is dropped.
+pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
+    let _ = std::fs::remove_file(&path);
+    let listener = match UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(socket = %path.display(), error = %e, "cannot open the exec socket; gpuslice exec will not work");
+            return;
+        }
+    };
+    // Anyone on the node may connect; who they are decides what they get.
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666));
+    tracing::info!(socket = %path.display(), "exec socket ready");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (pool, nodes) = (pool.clone(), nodes.clone());
+        tokio::spawn(async move {
+            if let Err(e) = handle(&pool, &nodes, stream).await {
+                tracing::warn!(error = %e, "exec request failed");
+            }
+        });
+    }
+}
+
+async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Result<()> {
+    let cred = stream.peer_cred()?;
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read).read_line(&mut line).await?;
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Ok(req) => decide(pool, nodes, req.booking, cred.uid(), cred.pid()).await,
+        Err(_) => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
+    };
+    let mut out = serde_json::to_vec(&reply)?;
+    out.push(b'\n');
+    write.write_all(&out).await?;
+    Ok(())
+}
+
+async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Option<i32>) -> Reply {
+    let target = match db::bookings::exec_target(pool, booking).await {
+        Ok(Some(t)) => t,
+        Ok(None) => return refuse(format!("there is no booking {booking}")),
+        Err(e) => {
+            tracing::warn!(error = %e, "exec: database error");
+            return refuse("the worker cannot reach its database; try again in a moment");
+        }
+    };
+    let Some(node) = target.node.as_deref().filter(|n| nodes.contains_key(*n)) else {
+        return refuse(format!(
+            "booking {booking} is not on this node{}",
+            target
+                .node
+                .as_deref()
+                .map(|n| format!("; it is on {n}"))
+                .unwrap_or_default()
+        ));
+    };
+    if uid != 0 {
+        let owner_uid = target
+            .owner_unix_user
+            .as_deref()
+            .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
+            .map(|u| u.uid.as_raw());
+        if owner_uid != Some(uid) {
+            return refuse(format!(
+                "booking {booking} belongs to {}, not to your Unix account (uid {uid}); an admin links accounts on the user's page",
+                target.owner_email
+            ));
+        }
+    }
+    if target.status != "active" {
+        return refuse(format!(
+            "booking {booking} is {}, not active: nothing to run on yet",
+            target.status
+        ));
+    }
+    let Some(device) = target.device_uuid else {
+        return refuse(format!("booking {booking} has no device yet"));
+    };
+    let Some(pid) = pid.filter(|p| *p > 0) else {
+        return refuse("cannot tell which process is calling");
+    };
+    let isolated = match nodes.get(node).cloned().flatten() {
+        Some(layout) => {
+            let g = layout.group(booking);
+            let added = if g.exists() {
+                g.add(pid as u32)
+            } else {
+                layout
+                    .create(booking, None, None)
+                    .and_then(|g| g.add(pid as u32))
+            };
+            match added {
+                Ok(()) => true,
+                Err(e) => return refuse(format!("cannot join booking {booking}'s cgroup: {e}")),
+            }
+        }
+        None => false,
+    };
+    Reply {
+        ok: true,
+        device: Some(device),
+        isolated,
+        error: None,
+    }
+}
+
+/// The client side: asks the worker at `socket`; returns the device.
+pub fn request(socket: &Path, booking: i64) -> Result<Reply, String> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).map_err(|e| {
+        format!(
+            "cannot reach the gpuslice worker at {} ({e}); run this on the booking's GPU node",
+            socket.display()
+        )
+    })?;
+    let mut req = serde_json::to_vec(&Request { booking }).map_err(|e| e.to_string())?;
+    req.push(b'\n');
+    s.write_all(&req).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&line).map_err(|_| "the worker gave no answer".to_string())
+}

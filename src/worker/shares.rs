@@ -1,0 +1,295 @@
+//! Time-sliced shares on a node: one enforcer thread per shared GPU runs
+//! its scheduler over the shares' cgroups; every few seconds their state
+//! reaches the database (the booking's `scheduler`, the tenant's QoS
+//! ledger); a share's processes that use more GPU memory than it booked
+//! are warned, then ended.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::cgroup::{Group, Layout};
+use crate::db;
+use crate::domain::Priority;
+use crate::gpu::GpuBackend;
+use crate::scheduler::{Share, ShareSpec};
+use crate::worker::timeslice::Enforcer;
+
+/// The cgroup layout of a node's bookings, when this process may manage
+/// cgroups (root, a freezer). Groups live under `gpuslice-<node>`.
+pub fn layout_for(node: &str) -> Option<Layout> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return None;
+    }
+    let safe: String = node
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Layout::detect(Path::new("/sys/fs/cgroup"), &format!("gpuslice-{safe}"))
+}
+
+struct GpuThread {
+    tx: mpsc::Sender<Vec<(ShareSpec, Group)>>,
+    state: Arc<Mutex<Vec<Share>>>,
+}
+
+fn spawn_gpu(gpu: &str) -> GpuThread {
+    let (tx, rx) = mpsc::channel::<Vec<(ShareSpec, Group)>>();
+    let state = Arc::new(Mutex::new(Vec::new()));
+    let out = state.clone();
+    let name = format!("sched-{}", &gpu[..gpu.len().min(12)]);
+    let _ = std::thread::Builder::new().name(name).spawn(move || {
+        let mut e = Enforcer::new();
+        let mut published = Instant::now();
+        // When the running slice ends: the scheduler is stepped then, not
+        // on every wake-up (that would cut slices short).
+        let mut next = Instant::now();
+        loop {
+            loop {
+                match rx.try_recv() {
+                    Ok(set) => {
+                        let keep: Vec<i64> = set.iter().map(|(s, _)| s.id).collect();
+                        let gone: Vec<i64> = e
+                            .shares()
+                            .iter()
+                            .map(|s| s.spec.id)
+                            .filter(|id| !keep.contains(id))
+                            .collect();
+                        for id in gone {
+                            e.remove(id);
+                        }
+                        for (spec, group) in set {
+                            e.add(spec, group);
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        e.release_all();
+                        return;
+                    }
+                }
+            }
+            if Instant::now() >= next {
+                next = e.step();
+            }
+            if published.elapsed() >= Duration::from_millis(500) {
+                if let Ok(mut s) = out.lock() {
+                    *s = e.shares().to_vec();
+                }
+                published = Instant::now();
+            }
+            // Wake at the slice's end, or soon enough to see changes.
+            let wait = next
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
+            std::thread::sleep(wait);
+        }
+    });
+    GpuThread { tx, state }
+}
+
+/// What the node remembers between passes.
+#[derive(Default)]
+pub struct Memory {
+    /// Last published (violations, boosted) per share, for the ledger.
+    seen: HashMap<i64, (u64, bool)>,
+    /// When a process was first seen over its share's GPU memory.
+    over_since: HashMap<u32, Instant>,
+}
+
+/// Runs the node's shares until the task is dropped (then every GPU's
+/// thread thaws its shares and ends).
+pub async fn run(
+    pool: PgPool,
+    node: String,
+    backend: Arc<dyn GpuBackend>,
+    layout: Layout,
+    memory_grace: Duration,
+) {
+    let mut threads: HashMap<String, GpuThread> = HashMap::new();
+    let mut memory = Memory::default();
+    let layout_ref = &layout;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut n: u64 = 0;
+    loop {
+        tick.tick().await;
+        n += 1;
+        let shares = match db::bookings::active_shares(&pool, &node).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(node = %node, error = %e, "cannot read the node's shares");
+                continue;
+            }
+        };
+        let mut by_gpu: HashMap<String, Vec<(ShareSpec, Group)>> = HashMap::new();
+        for s in &shares {
+            let group = layout.group(s.id);
+            if !group.exists() {
+                if let Err(e) = layout.create(s.id, None, None) {
+                    tracing::warn!(booking = s.id, error = %e, "cannot create the share's cgroup");
+                    continue;
+                }
+            }
+            by_gpu.entry(s.gpu_uuid.clone()).or_default().push((
+                ShareSpec {
+                    id: s.id,
+                    priority: Priority::parse(&s.priority).unwrap_or(Priority::Normal),
+                    guaranteed_pct: f64::from(s.guaranteed_share_pct),
+                    min_slice_ms: None,
+                    max_slice_ms: None,
+                },
+                group,
+            ));
+        }
+        // GPUs without shares lose their thread (it thaws and ends).
+        threads.retain(|gpu, _| by_gpu.contains_key(gpu));
+        for (gpu, set) in by_gpu {
+            let t = threads
+                .entry(gpu.clone())
+                .or_insert_with(|| spawn_gpu(&gpu));
+            let _ = t.tx.send(set);
+        }
+        if n.is_multiple_of(5) {
+            publish(&pool, &threads, &shares, &mut memory).await;
+        }
+        watch_memory(
+            &pool,
+            &node,
+            &backend,
+            layout_ref,
+            &shares,
+            &mut memory,
+            memory_grace,
+        )
+        .await;
+    }
+}
+
+/// Writes each share's scheduler state and its QoS events.
+async fn publish(
+    pool: &PgPool,
+    threads: &HashMap<String, GpuThread>,
+    shares: &[db::bookings::ActiveShare],
+    memory: &mut Memory,
+) {
+    for t in threads.values() {
+        let state = t.state.lock().map(|s| s.clone()).unwrap_or_default();
+        for s in state {
+            let id = s.spec.id;
+            let doc = json!({
+                "time_slice_ms": s.slice_ms(),
+                "priority": s.effective_priority().as_str(),
+                "achieved_share_pct": (s.achieved_pct * 10.0).round() / 10.0,
+                "guaranteed_share_pct": s.spec.guaranteed_pct,
+                "violations": s.violations,
+                "boosted": s.boosted,
+                "at": time::OffsetDateTime::now_utc().unix_timestamp(),
+            });
+            if let Err(e) = db::bookings::set_scheduler(pool, id, &doc).await {
+                tracing::warn!(booking = id, error = %e, "cannot store scheduler state");
+                continue;
+            }
+            let Some(tenant) = shares.iter().find(|a| a.id == id).map(|a| a.tenant_id) else {
+                continue;
+            };
+            let (old_v, old_b) = memory.seen.get(&id).copied().unwrap_or((0, false));
+            let mut events = Vec::new();
+            if s.violations > old_v {
+                events.push("violation");
+            }
+            if s.boosted && !old_b {
+                events.push("boost");
+            }
+            if !s.boosted && old_b {
+                events.push("recovered");
+            }
+            for kind in events {
+                let _ = db::bookings::qos_event(
+                    pool,
+                    id,
+                    tenant,
+                    kind,
+                    s.achieved_pct,
+                    s.spec.guaranteed_pct,
+                )
+                .await;
+            }
+            memory.seen.insert(id, (s.violations, s.boosted));
+        }
+    }
+}
+
+/// Warns about, then ends, a share's processes that hold more GPU memory
+/// than the share booked (a booking event each time).
+pub async fn watch_memory(
+    pool: &PgPool,
+    node: &str,
+    backend: &Arc<dyn GpuBackend>,
+    layout: &Layout,
+    shares: &[db::bookings::ActiveShare],
+    memory: &mut Memory,
+    grace: Duration,
+) {
+    let mut still_over = Vec::new();
+    for s in shares {
+        let (be, gpu) = (backend.clone(), s.gpu_uuid.clone());
+        let Ok(Ok(procs)) = tokio::task::spawn_blocking(move || be.processes(&gpu)).await else {
+            continue;
+        };
+        let mine = layout.group(s.id).pids();
+        let limit = i64::from(s.memory_gib) * 1024;
+        for p in procs.iter().filter(|p| mine.contains(&p.pid)) {
+            if p.used_memory_mib as i64 <= limit {
+                continue;
+            }
+            still_over.push(p.pid);
+            let newly = !memory.over_since.contains_key(&p.pid);
+            let first = *memory.over_since.entry(p.pid).or_insert_with(Instant::now);
+            let why = format!(
+                "process {} uses {} MiB of GPU memory, over the share's {} GiB",
+                p.pid, p.used_memory_mib, s.memory_gib
+            );
+            if newly {
+                let _ = db::bookings::event(
+                    pool,
+                    s.id,
+                    &format!("worker:{node}"),
+                    Some("active"),
+                    "active",
+                    &format!(
+                        "warning: {why}; it is ended in {} s unless it frees memory",
+                        grace.as_secs()
+                    ),
+                )
+                .await;
+            } else if first.elapsed() >= grace {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p.pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                memory.over_since.remove(&p.pid);
+                let _ = db::bookings::event(
+                    pool,
+                    s.id,
+                    &format!("worker:{node}"),
+                    Some("active"),
+                    "active",
+                    &format!("ended: {why}"),
+                )
+                .await;
+            }
+        }
+    }
+    memory.over_since.retain(|pid, _| still_over.contains(pid));
+}
