@@ -197,7 +197,7 @@ fn skip_without_cgroups(node: &Node, test: &str) -> bool {
 
 #[tokio::test]
 async fn exec_runs_in_the_booking_and_refuses_strangers() {
-    let (app, node, who, mut worker) = setup("a").await;
+    let (app, node, who, worker) = setup("a").await;
     let id = share(&app, &who, 8, "normal").await;
     // Not active yet (or not this node's): a sentence, non-zero.
     let out = node.exec(None, 999_999, "true");
@@ -266,7 +266,7 @@ async fn exec_runs_in_the_booking_and_refuses_strangers() {
 
 #[tokio::test]
 async fn shares_joined_with_exec_get_cpu_near_4_2_1_and_a_restart_leaves_nothing_frozen() {
-    let (app, node, who, mut worker) = setup("b").await;
+    let (app, node, who, worker) = setup("b").await;
     if skip_without_cgroups(&node, "4:2:1") {
         return;
     }
