@@ -151,6 +151,12 @@ pub struct GpuArgs {
     /// freezer) or off.
     #[arg(long, env = "GPUSLICE_CGROUPS", default_value = "auto", value_parser = ["auto", "off"])]
     pub cgroups: String,
+    /// Host memory a booking's processes may use, GiB per compute slice (a whole GPU is 7 slices).
+    #[arg(long, env = "GPUSLICE_HOST_MEMORY_GIB_PER_SLICE", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub host_memory_gib_per_slice: u64,
+    /// CPUs bookings' processes may use (a cpuset list such as 0-15; default: all).
+    #[arg(long, env = "GPUSLICE_BOOKING_CPUS")]
+    pub booking_cpus: Option<String>,
     /// Seconds a share's process may stay over the share's GPU memory after the warning.
     #[arg(long, env = "GPUSLICE_SHARE_MEMORY_GRACE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub share_memory_grace_secs: u64,
@@ -236,6 +242,8 @@ impl GpuArgs {
             tick: std::time::Duration::from_millis(self.worker_tick_ms),
             warn_secs: (self.warn_minutes * 60) as f64,
             grace: std::time::Duration::from_secs(self.grace_secs),
+            host_memory_gib_per_slice: self.host_memory_gib_per_slice,
+            cpus: self.booking_cpus.clone(),
             ..Default::default()
         }
     }

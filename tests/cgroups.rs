@@ -48,6 +48,9 @@ fn cleanup(l: &Layout) {
     l.remove_prefix();
 }
 
+/// The tests pin busy processes to CPU 0: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn busy() -> Child {
     Command::new("sh")
         .args(["-c", "while :; do :; done"])
@@ -57,6 +60,7 @@ fn busy() -> Child {
 
 #[test]
 fn freezing_stops_a_busy_process_and_thawing_resumes_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(l) = layout("freeze") else { return };
     let g = l.create(1, Some(256 << 20), None).unwrap();
     let mut p = busy();
@@ -88,6 +92,7 @@ fn freezing_stops_a_busy_process_and_thawing_resumes_it() {
 
 #[test]
 fn three_busy_shares_get_cpu_time_near_4_2_1() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(l) = layout("ratio") else { return };
     let mut procs = Vec::new();
     let mut e = Enforcer::new();
@@ -134,4 +139,12 @@ fn three_busy_shares_get_cpu_time_near_4_2_1() {
         assert!((got - want).abs() / want < 0.15, "{shares:?}");
     }
     assert!(groups.iter().all(|g| !g.exists()));
+}
+
+#[test]
+fn the_scheduler_benchmark_runs() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // `gpuslice bench scheduler` in CI, short: tick cost always, real
+    // processes when the machine allows (it says when it does not).
+    gpuslice::bench::scheduler::run(2).unwrap();
 }

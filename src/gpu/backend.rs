@@ -141,6 +141,18 @@ pub trait GpuBackend: Send + Sync {
     /// A telemetry sample of a GPU.
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError>;
 
+    /// Per-process GPU utilisation, `(pid, SM %)`, sampled since `since_us`
+    /// (CPU clock, microseconds), where the driver reports it; `None` where
+    /// it does not (the simulation, older boards), and the time-slice
+    /// scheduler then measures a share by its cgroup's CPU time.
+    fn process_utilization(
+        &self,
+        _gpu_uuid: &str,
+        _since_us: u64,
+    ) -> Result<Option<Vec<(u32, u32)>>, BackendError> {
+        Ok(None)
+    }
+
     /// Switches an empty GPU's MIG mode on an admin's request. The change
     /// may stay pending until the GPU is reset (`GpuInfo::mig_pending`).
     fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError>;

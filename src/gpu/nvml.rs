@@ -523,6 +523,19 @@ impl GpuBackend for NvmlBackend {
             .collect())
     }
 
+    fn process_utilization(
+        &self,
+        gpu_uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<(u32, u32)>>, BackendError> {
+        self.check_managed(gpu_uuid)?;
+        let d = self.device(gpu_uuid)?;
+        // Not supported (or not in this library): the caller falls back.
+        Ok(d.process_utilization_stats(since_us)
+            .ok()
+            .map(|v| v.into_iter().map(|s| (s.pid, s.sm_util)).collect()))
+    }
+
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
         self.check_managed(gpu_uuid)?;
         let d = self.device(gpu_uuid)?;

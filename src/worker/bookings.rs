@@ -39,6 +39,10 @@ pub struct Settings {
     /// Where booking cgroups live; `None`: no isolation (not root, no
     /// freezer), which the worker says at start.
     pub cgroups: Option<crate::cgroup::Layout>,
+    /// Host memory a booking's processes may use, per compute slice (GiB).
+    pub host_memory_gib_per_slice: u64,
+    /// CPUs a booking's processes may use (`0-7`); `None`: all.
+    pub cpus: Option<String>,
 }
 
 impl Default for Settings {
@@ -51,6 +55,8 @@ impl Default for Settings {
             max_attempts: 5,
             reconcile_every: 10,
             cgroups: None,
+            host_memory_gib_per_slice: 16,
+            cpus: None,
         }
     }
 }
@@ -272,8 +278,10 @@ async fn provision(
         (gpu, "share registered on the GPU")
     };
     if let Some(l) = &settings.cgroups {
-        // The booking's processes join this group through `gpuslice exec`.
-        l.create(id, None, None)?;
+        // The booking's processes join this group through `gpuslice exec`:
+        // host memory in proportion to its compute slices, the node's CPUs.
+        let limit = settings.host_memory_gib_per_slice * b.compute_slices.max(1) as u64 * (1 << 30);
+        l.create(id, Some(limit), settings.cpus.as_deref())?;
     }
     let mut tx = pool.begin().await?;
     db::bookings::activate(&mut tx, id, &device, &actor(node), how).await?;

@@ -44,13 +44,35 @@ struct GpuThread {
     state: Arc<Mutex<Vec<Share>>>,
 }
 
-fn spawn_gpu(gpu: &str) -> GpuThread {
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
     let (tx, rx) = mpsc::channel::<Vec<(ShareSpec, Group)>>();
     let state = Arc::new(Mutex::new(Vec::new()));
     let out = state.clone();
     let name = format!("sched-{}", &gpu[..gpu.len().min(12)]);
+    let uuid = gpu.to_string();
+    let mut since = now_us();
+    // The GPU's own per-process utilisation where NVML samples it.
+    let sampler: crate::worker::timeslice::Sampler =
+        Box::new(move |pids: &[u32], slice: Duration| {
+            let samples = backend.process_utilization(&uuid, since).ok().flatten()?;
+            since = now_us();
+            let sm = samples
+                .iter()
+                .filter(|(pid, _)| pids.contains(pid))
+                .map(|(_, u)| *u)
+                .max()
+                .unwrap_or(0);
+            Some(slice.as_secs_f64() * 1000.0 * f64::from(sm.min(100)) / 100.0)
+        });
     let _ = std::thread::Builder::new().name(name).spawn(move || {
-        let mut e = Enforcer::new();
+        let mut e = Enforcer::new().with_sampler(sampler);
         let mut published = Instant::now();
         // When the running slice ends: the scheduler is stepped then, not
         // on every wake-up (that would cut slices short).
@@ -157,7 +179,7 @@ pub async fn run(
         for (gpu, set) in by_gpu {
             let t = threads
                 .entry(gpu.clone())
-                .or_insert_with(|| spawn_gpu(&gpu));
+                .or_insert_with(|| spawn_gpu(&gpu, backend.clone()));
             let _ = t.tx.send(set);
         }
         if n.is_multiple_of(5) {

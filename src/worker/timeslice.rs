@@ -10,8 +10,15 @@ use std::time::{Duration, Instant};
 use crate::cgroup::Group;
 use crate::scheduler::{GpuScheduler, Share, ShareSpec};
 
+/// Measures how many milliseconds of a slice of `slice` the processes
+/// `pids` used, from the GPU's own per-process samples; `None`: no samples
+/// (then the cgroup's CPU time counts).
+pub type Sampler = Box<dyn FnMut(&[u32], Duration) -> Option<f64> + Send>;
+
 /// The enforcer of one GPU. Blocking: run it on its own thread.
 pub struct Enforcer {
+    sampler: Option<Sampler>,
+    slice_started: Instant,
     sched: GpuScheduler,
     groups: HashMap<i64, Group>,
     running: Option<i64>,
@@ -30,6 +37,8 @@ impl Default for Enforcer {
 impl Enforcer {
     pub fn new() -> Enforcer {
         Enforcer {
+            sampler: None,
+            slice_started: Instant::now(),
             sched: GpuScheduler::default(),
             groups: HashMap::new(),
             running: None,
@@ -37,6 +46,12 @@ impl Enforcer {
             epoch: Instant::now(),
             switches: Vec::new(),
         }
+    }
+
+    /// Measures shares with the GPU's per-process samples where it has them.
+    pub fn with_sampler(mut self, sampler: Sampler) -> Enforcer {
+        self.sampler = Some(sampler);
+        self
     }
 
     /// Adds a share with its group; it waits frozen for its turn when
@@ -110,6 +125,7 @@ impl Enforcer {
                 }
             }
         }
+        self.slice_started = Instant::now();
         self.cpu_at_start = d
             .run
             .and_then(|id| self.groups.get(&id))
