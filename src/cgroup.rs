@@ -291,44 +291,56 @@ impl Group {
 
     /// Stops every process of the group (and waits until they are).
     pub fn freeze(&self) -> std::io::Result<()> {
+        self.set_frozen(true)?;
+        self.wait_frozen();
+        Ok(())
+    }
+
+    /// Asks the kernel to stop the group's processes without waiting for
+    /// it to finish (see [`Group::wait_frozen`]).
+    pub fn start_freeze(&self) -> std::io::Result<()> {
         self.set_frozen(true)
+    }
+
+    /// Waits (at most 2 s) until the kernel reports the group frozen.
+    pub fn wait_frozen(&self) {
+        let dir = self.freezer_dir();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let v2 = self.v2_freezer();
+        while Instant::now() < deadline {
+            let done = if v2 {
+                std::fs::read_to_string(dir.join("cgroup.events"))
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.trim() == "frozen 1")
+            } else {
+                std::fs::read_to_string(dir.join("freezer.state"))
+                    .map(|s| s.trim() == "FROZEN")
+                    .unwrap_or(true)
+            };
+            if done {
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     pub fn thaw(&self) -> std::io::Result<()> {
         self.set_frozen(false)
     }
 
+    /// Writes the freezer's wish; thawing is immediate, freezing settles
+    /// asynchronously.
     fn set_frozen(&self, frozen: bool) -> std::io::Result<()> {
         let dir = self.freezer_dir();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        match self.v2_freezer() {
-            true => {
-                std::fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
-                if frozen {
-                    // Settled when cgroup.events says so.
-                    while Instant::now() < deadline {
-                        let ev =
-                            std::fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
-                        if ev.lines().any(|l| l.trim() == "frozen 1") {
-                            break;
-                        }
-                        std::thread::yield_now();
-                    }
-                }
-            }
-            false => {
-                let want = if frozen { "FROZEN" } else { "THAWED" };
-                std::fs::write(dir.join("freezer.state"), want)?;
-                while Instant::now() < deadline {
-                    let s = std::fs::read_to_string(dir.join("freezer.state")).unwrap_or_default();
-                    if s.trim() == want {
-                        break;
-                    }
-                    std::thread::yield_now();
-                }
-            }
+        if self.v2_freezer() {
+            std::fs::write(dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
+        } else {
+            std::fs::write(
+                dir.join("freezer.state"),
+                if frozen { "FROZEN" } else { "THAWED" },
+            )
         }
-        Ok(())
     }
 
     /// Ends the group's processes (SIGTERM, SIGKILL after `grace`) and

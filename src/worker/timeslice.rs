@@ -97,15 +97,21 @@ impl Enforcer {
         });
         if d.run != self.running {
             let t = Instant::now();
-            // Freeze first, so two shares never run at once.
-            if let Some(g) = self.running.and_then(|id| self.groups.get(&id)) {
-                let _ = g.freeze();
+            // Freeze is asked first and the next share thawed at once; the
+            // kernel settles the freeze within a moment (confirmed below,
+            // off the switch's critical path).
+            let previous = self.running.and_then(|id| self.groups.get(&id));
+            if let Some(g) = previous {
+                let _ = g.start_freeze();
             }
             if let Some(g) = d.run.and_then(|id| self.groups.get(&id)) {
                 let _ = g.thaw();
             }
             if self.running.is_some() && d.run.is_some() {
                 self.switches.push(t.elapsed());
+            }
+            if let Some(g) = previous {
+                g.wait_frozen();
             }
             if self.running.is_none() {
                 // First turn: everyone else waits.
