@@ -681,19 +681,21 @@ fn queued_reason(
     s
 }
 
-/// Locks a share's GPU and checks, with what is on it now, that the share
-/// still fits (memory and share count) over `window`.
-async fn lock_and_check_share(
+/// Locks a share's GPU and says whether a share of `memory_gib` fits on it
+/// over `window` (memory and share count) beside what is on it now, not
+/// counting booking `except`.
+async fn share_fits(
     tx: &mut Transaction<'_, Postgres>,
     gpu: &Bookable,
     memory_gib: i32,
     window: Window,
-) -> Result<(), BookingError> {
+    except: Option<i64>,
+) -> Result<bool, BookingError> {
     db::fleet::lock_gpu(&mut **tx, gpu.id).await?;
-    let here: Vec<ShareHeld> = db::bookings::placed_live(&mut **tx, Some("timeslice"))
+    let held = db::bookings::placed_live_on(&mut **tx, gpu.id)
         .await?
         .into_iter()
-        .filter(|p| p.gpu_id == gpu.id)
+        .filter(|p| Some(p.id) != except)
         .map(|p| ShareHeld {
             memory_gib: f64::from(p.memory_gib),
             exclusive: false,
@@ -708,14 +710,24 @@ async fn lock_and_check_share(
         model: gpu.model.clone(),
         memory_gib: gpu.memory_mib as f64 / 1024.0,
         max_shares: gpu.max_shares as u32,
-        held: here,
+        held,
     }];
-    shares::place_share(&one, f64::from(memory_gib), None, window)
-        .map(|_| ())
-        .map_err(|_| {
-            // Another share took the room since we looked: plan again.
-            BookingError::Retry
-        })
+    Ok(shares::place_share(&one, f64::from(memory_gib), None, window).is_ok())
+}
+
+/// Locks a share's GPU and checks that the share still fits; if another
+/// share took the room since the plan, the caller plans again.
+async fn lock_and_check_share(
+    tx: &mut Transaction<'_, Postgres>,
+    gpu: &Bookable,
+    memory_gib: i32,
+    window: Window,
+) -> Result<(), BookingError> {
+    if share_fits(tx, gpu, memory_gib, window, None).await? {
+        Ok(())
+    } else {
+        Err(BookingError::Retry)
+    }
 }
 
 /// Remembers what the queue planner last saw, so that a pass runs only
@@ -1013,7 +1025,6 @@ pub async fn extend(
     .await?;
     if b.kind == "timeslice" {
         let gpu_id = b.gpu_id.ok_or(BookingError::NotFound)?;
-        db::fleet::lock_gpu(&mut *tx, gpu_id).await?;
         let gpus = db::fleet::bookable(&mut *tx).await?;
         let gpu = gpus.iter().find(|g| g.id == gpu_id).ok_or_else(|| {
             BookingError::Refused("the booking's GPU takes no new bookings now".into())
@@ -1022,27 +1033,7 @@ pub async fn extend(
             start: ts(b.end),
             end: ts(new_end),
         };
-        let here: Vec<ShareHeld> = db::bookings::placed_live(&mut *tx, Some("timeslice"))
-            .await?
-            .into_iter()
-            .filter(|p| p.gpu_id == gpu_id && p.id != id)
-            .map(|p| ShareHeld {
-                memory_gib: f64::from(p.memory_gib),
-                exclusive: false,
-                window: Window {
-                    start: p.start,
-                    end: p.end,
-                },
-            })
-            .collect();
-        let one = [SharedGpu {
-            node: 0,
-            model: gpu.model.clone(),
-            memory_gib: gpu.memory_mib as f64 / 1024.0,
-            max_shares: gpu.max_shares as u32,
-            held: here,
-        }];
-        if shares::place_share(&one, f64::from(b.memory_gib), None, ext).is_err() {
+        if !share_fits(&mut tx, gpu, b.memory_gib, ext, Some(id)).await? {
             return Err(BookingError::Refused(format!(
                 "the GPU is booked by others after {}; release and book again elsewhere",
                 when(b.end)

@@ -379,6 +379,22 @@ pub async fn placed_live(db: impl PgExecutor<'_>, kind: Option<&str>) -> sqlx::R
     .await
 }
 
+/// The placed live bookings of one GPU that have not ended.
+pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Result<Vec<Placed>> {
+    sqlx::query_as!(
+        Placed,
+        r#"SELECT id, gpu_id AS "gpu_id!", kind, profile, lower(slices) AS slice_start, memory_gib,
+                  extract(epoch FROM lower(during))::bigint AS "start!",
+                  extract(epoch FROM upper(during))::bigint AS "end!"
+           FROM bookings
+           WHERE status IN ('scheduled', 'provisioning', 'active', 'releasing')
+             AND gpu_id = $1 AND upper(during) > now()"#,
+        gpu_id
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Profiles asked for in the last 30 days, by model: the mix placement keeps room for.
 pub async fn recent_profile_counts(
     db: impl PgExecutor<'_>,
