@@ -533,3 +533,47 @@ async fn the_dashboard_warns_at_80_percent_of_the_budget() {
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn a_share_is_metered_by_its_achieved_part_of_the_gpu() {
+    let (app, node, token) = setup().await;
+    // 12 GiB of a 48 GiB L40S: booked as 2 of 7 slices.
+    let id = book_active(
+        &app,
+        &node,
+        &token,
+        json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 12, "hours": 1}),
+    )
+    .await;
+    let t0: OffsetDateTime = sqlx::query_scalar(
+        "UPDATE bookings SET during = tstzrange(date_trunc('second', now()) - interval '2 minutes',
+                                                 date_trunc('second', now()) + interval '1 hour')
+         WHERE id = $1 RETURNING lower(during)",
+    )
+    .bind(id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    // The node's scheduler said a moment ago: it got half the GPU.
+    sqlx::query("UPDATE bookings SET scheduler = jsonb_build_object('achieved_share_pct', 50.0, 'at', extract(epoch FROM now())::bigint) WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let spool = std::env::temp_dir().join(format!("gpuslice-spool-share-{}", app.db_name));
+    let backend: Arc<dyn GpuBackend> = node.clone();
+    let mut m = Meter::new("n1", &spool, Settings::default()).unwrap();
+    let p = m.pass(&app.pool, &backend, at(t0, 2)).await.unwrap();
+    assert_eq!(p.written, 2);
+    let rows: Vec<f64> = sqlx::query_scalar(
+        "SELECT slice_seconds FROM usage WHERE booking_id = $1 ORDER BY interval_start",
+    )
+    .bind(id)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    // The catch-up interval at the booked 2 slices; the one that just
+    // ended at the achieved 50 % of 7 slices.
+    assert_eq!(rows, vec![2.0 * 60.0, 3.5 * 60.0]);
+    let _ = std::fs::remove_dir_all(&spool);
+}

@@ -19,6 +19,10 @@ pub struct ToMeter {
     pub device_uuid: String,
     pub gpu_uuid: String,
     pub status: String,
+    /// A share's achieved part of its GPU (percent) and when the node's
+    /// scheduler last published it (Unix seconds).
+    pub achieved_pct: Option<f64>,
+    pub achieved_at: Option<i64>,
 }
 
 /// Bookings of `node` that got a device and are not fully metered.
@@ -27,7 +31,9 @@ pub async fn to_meter(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<T
         ToMeter,
         r#"SELECT b.id, b.kind, b.compute_slices, b.memory_gib,
                   lower(b.during) AS "start!", upper(b.during) AS "end!", b.metered_until,
-                  b.device_uuid AS "device_uuid!", g.uuid AS gpu_uuid, b.status
+                  b.device_uuid AS "device_uuid!", g.uuid AS gpu_uuid, b.status,
+                  (b.scheduler ->> 'achieved_share_pct')::float8 AS achieved_pct,
+                  (b.scheduler ->> 'at')::bigint AS achieved_at
            FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
            WHERE n.name = $1 AND b.device_uuid IS NOT NULL
              AND (b.status IN ('active', 'releasing')

@@ -7,8 +7,10 @@
 //! on local disk and are written when it returns.
 //!
 //! Slice-seconds are compute slices x seconds; for a time-sliced share the
-//! slices are its booked fraction of the GPU (its memory, in sevenths)
-//! until the time-slice scheduler measures its achieved share.
+//! slices are its achieved share of the GPU x 7, as the node's scheduler
+//! last published it (every 5 s), for the interval that just ended; where
+//! there is no fresh figure (no cgroups on the node, a catch-up after a
+//! restart) its booked fraction of the GPU (its memory, in sevenths).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -160,14 +162,24 @@ impl Meter {
             } else {
                 (None, None)
             };
+            // A share's achieved part of the GPU, if the scheduler said it
+            // within the last interval.
+            let achieved = (b.kind == "timeslice")
+                .then_some(())
+                .and(b.achieved_pct.zip(b.achieved_at))
+                .filter(|(_, at)| now.unix_timestamp() - at <= step.max(10))
+                .map(|(pct, _)| {
+                    f64::from(crate::domain::booking::SLICES_PER_GPU) * pct.clamp(0.0, 100.0)
+                        / 100.0
+                });
             for (i, w) in due.iter().enumerate() {
-                let mut r = usage::usage_of(
-                    b.id,
-                    *w,
-                    f64::from(b.compute_slices),
-                    f64::from(b.memory_gib),
-                );
-                if i + 1 == due.len() {
+                let last = i + 1 == due.len();
+                let slices = match achieved {
+                    Some(s) if last => s,
+                    _ => f64::from(b.compute_slices),
+                };
+                let mut r = usage::usage_of(b.id, *w, slices, f64::from(b.memory_gib));
+                if last {
                     r.utilization_pct = measured.0;
                     r.memory_used_mib = measured.1;
                 }
