@@ -507,21 +507,11 @@ fn exec(socket: &std::path::Path, booking: i64, cmd: &[String]) -> Result<()> {
 /// `user link`: the Unix account `gpuslice exec` accepts for a user.
 pub async fn user_link(pool: &PgPool, email: &str, unix_user: &str) -> Result<()> {
     let email = Email::parse(email).map_err(|e| anyhow!("--email: {e}"))?;
-    let unix_user = unix_user.trim();
-    let valid = unix_user.is_empty()
-        || (unix_user.len() <= 32
-            && unix_user.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-            && unix_user
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'));
-    if !valid {
-        bail!("--unix-user: \"{unix_user}\" is not a Unix account name (lower-case letters, digits, _ and -)");
-    }
+    let value = domain::parse_unix_user(unix_user).map_err(|e| anyhow!("--unix-user: {e}"))?;
     let id = db::users::id_by_email(pool, &email)
         .await?
         .ok_or_else(|| anyhow!("--email: no user has the e-mail {email}"))?;
-    let value = (!unix_user.is_empty()).then_some(unix_user);
-    db::users::set_unix_user(pool, id, value).await?;
+    db::users::set_unix_user(pool, id, value.as_deref()).await?;
     db::audit::record(
         pool,
         &Actor::cli(),

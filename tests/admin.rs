@@ -406,3 +406,56 @@ async fn archived_tenants_are_marked_and_restorable() {
     let archived: bool = app.one("SELECT archived FROM tenants").await;
     assert!(!archived);
 }
+
+#[tokio::test]
+async fn admins_link_a_users_unix_account_for_exec() {
+    let app = TestApp::spawn().await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    let ana = app.user("ana@uni.edu", "none", &[]).await;
+    let c = app.signed_in("admin@uni.edu").await;
+    let page = format!("/admin/users/{ana}");
+    let r = app
+        .post_form(
+            &c,
+            &page,
+            &format!("{page}/unix-user"),
+            &[("unix_user", "Ana Smith")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("is not a Unix account name"));
+    let stored: Option<String> = sqlx::query_scalar("SELECT unix_user FROM users WHERE id = $1")
+        .bind(ana)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, None, "a bad name changes nothing");
+    let r = app
+        .post_form(
+            &c,
+            &page,
+            &format!("{page}/unix-user"),
+            &[("unix_user", "ana")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let stored: Option<String> = sqlx::query_scalar("SELECT unix_user FROM users WHERE id = $1")
+        .bind(ana)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some("ana"));
+    let body = c
+        .get(app.url(&page))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("value=\"ana\""));
+}

@@ -248,6 +248,10 @@ fn admin_posts(w: &World) -> Vec<(String, Vec<(&'static str, String)>)> {
             format!("/admin/users/{uid}/memberships/{lab}/remove"),
             vec![],
         ),
+        (
+            format!("/admin/users/{uid}/unix-user"),
+            vec![("unix_user", "nobody".into())],
+        ),
         (format!("/admin/users/{uid}/disable"), vec![]),
         (format!("/admin/users/{uid}/enable"), vec![]),
     ]

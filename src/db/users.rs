@@ -248,3 +248,10 @@ pub async fn set_unix_user(
     .await?;
     Ok(())
 }
+
+/// The Unix account linked to a user, if any.
+pub async fn unix_user(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!("SELECT unix_user FROM users WHERE id = $1", id)
+        .fetch_one(db)
+        .await
+}

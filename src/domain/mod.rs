@@ -193,6 +193,27 @@ impl Priority {
     }
 }
 
+/// A Unix account name for `gpuslice exec` (empty: no account). Lower-case
+/// letters, digits, `_` and `-`, starting with a letter or `_`, at most 32.
+pub fn parse_unix_user(raw: &str) -> Result<Option<String>, String> {
+    let name = raw.trim();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let valid = name.len() <= 32
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if valid {
+        Ok(Some(name.to_string()))
+    } else {
+        Err(format!(
+            "\"{name}\" is not a Unix account name (lower-case letters, digits, _ and -, at most 32)"
+        ))
+    }
+}
+
 /// A `--tenant SLUG[:manager]` argument of the CLI.
 pub fn parse_membership_arg(raw: &str) -> Result<(Slug, TenantRole), String> {
     match raw.split_once(':') {

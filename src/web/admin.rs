@@ -536,6 +536,8 @@ pub struct UserPage {
     roles: Vec<&'static str>,
     display_name: String,
     global_role: String,
+    /// The linked Unix account (for `gpuslice exec`), as stored or as typed.
+    unix_user: String,
     errors: FieldErrors,
 }
 
@@ -552,8 +554,15 @@ async fn user_page(
         Some((n, r)) => (n.to_string(), r.to_string()),
         None => (subject.display_name.clone(), subject.global_role.clone()),
     };
+    let unix_user = match errors.get("unix_user") {
+        Some(_) => String::new(),
+        None => db::users::unix_user(&state.pool, id)
+            .await?
+            .unwrap_or_default(),
+    };
     Ok(UserPage {
         ctx: PageCtx::new(session, Some(user)).await?,
+        unix_user,
         memberships: db::users::memberships(&state.pool, id).await?,
         tenants: db::tenants::list(&state.pool)
             .await?
@@ -633,6 +642,57 @@ pub async fn update_user(
     .await?;
     tx.commit().await?;
     flash(&session, "Saved.").await?;
+    Ok(Redirect::to(&format!("/admin/users/{id}")).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UnixUserForm {
+    #[serde(default)]
+    pub unix_user: String,
+}
+
+/// `POST /admin/users/{id}/unix-user`: links the Unix account `gpuslice
+/// exec` accepts for the user (empty: unlink).
+pub async fn set_unix_user(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+    Form(form): Form<UnixUserForm>,
+) -> Result<Response, AppError> {
+    user.require_admin()?;
+    let subject = db::users::get(&state.pool, id).await?;
+    let value = match crate::domain::parse_unix_user(&form.unix_user) {
+        Ok(v) => v,
+        Err(e) => {
+            let mut errors = FieldErrors::default();
+            errors.add("unix_user", e);
+            let page = user_page(&state, &session, &user, id, errors, None).await?;
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
+        }
+    };
+    let mut tx = state.pool.begin().await?;
+    db::users::set_unix_user(&mut *tx, id, value.as_deref()).await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "user.unix_user",
+        &subject.email,
+        json!({ "unix_user": value }),
+    )
+    .await?;
+    tx.commit().await?;
+    flash(
+        &session,
+        match &value {
+            Some(v) => format!(
+                "{} may now run gpuslice exec as Unix account {v}.",
+                subject.email
+            ),
+            None => format!("{} has no Unix account linked now.", subject.email),
+        },
+    )
+    .await?;
     Ok(Redirect::to(&format!("/admin/users/{id}")).into_response())
 }
 

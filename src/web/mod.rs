@@ -167,6 +167,7 @@ pub fn router(state: AppState) -> Router {
         .route("/admin/users/{id}/disable", post(admin::disable_user))
         .route("/admin/users/{id}/enable", post(admin::enable_user))
         .route("/admin/users/{id}/password", post(admin::reset_password))
+        .route("/admin/users/{id}/unix-user", post(admin::set_unix_user))
         .route("/admin/users/{id}/memberships", post(admin::add_membership))
         .route(
             "/admin/users/{id}/memberships/{tenant_id}/remove",
