@@ -41,6 +41,9 @@ pub struct Requester {
     pub user_id: i64,
     pub email: String,
     pub is_admin: bool,
+    /// Finance staff read every booking (usage reports link to them) but
+    /// change none.
+    pub is_finance: bool,
     /// (tenant id, slug, is manager) of the tenants the user belongs to.
     pub tenants: Vec<(i64, String, bool)>,
 }
@@ -50,10 +53,10 @@ impl Requester {
         self.tenants.iter().any(|t| t.0 == tenant_id && t.2)
     }
 
-    /// May see the booking: its owner, its tenant's managers, admins.
-    /// Finance staff read usage reports, not bookings.
+    /// May see the booking: its owner, its tenant's managers, admins and
+    /// finance (read only).
     pub fn can_see(&self, b: &Booking) -> bool {
-        self.is_admin || b.user_id == self.user_id || self.manages(b.tenant_id)
+        self.is_admin || self.is_finance || b.user_id == self.user_id || self.manages(b.tenant_id)
     }
 }
 

@@ -130,6 +130,7 @@ async fn setup() -> (TestApp, Node, Requester) {
         user_id: uid,
         email: "ana@uni.edu".into(),
         is_admin: false,
+        is_finance: false,
         tenants: vec![(tenant, "lab".into(), false)],
     };
     (app, node, who)

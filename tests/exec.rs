@@ -178,6 +178,7 @@ async fn setup(tag: &str) -> (TestApp, Node, Requester, Killed) {
         user_id: uid,
         email: "ana@uni.edu".into(),
         is_admin: false,
+        is_finance: false,
         tenants: vec![(tenant, "lab".into(), false)],
     };
     (app, node, who, worker)
@@ -410,6 +411,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         user_id: uid,
         email: "ana@uni.edu".into(),
         is_admin: false,
+        is_finance: false,
         tenants: vec![(tenant, "lab".into(), false)],
     };
     let id = share(&app, &who, 4, "normal").await;

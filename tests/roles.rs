@@ -114,7 +114,7 @@ fn expect_get(path: &str, role: Role) -> StatusCode {
             _ => StatusCode::NOT_FOUND,
         },
         "/bookings/{booking}" | "/api/v1/bookings/{booking}" => match role {
-            Member | Manager | Admin => StatusCode::OK,
+            Member | Manager | Admin | Finance => StatusCode::OK,
             _ => StatusCode::NOT_FOUND,
         },
         "/tenants/lab-a" => match role {

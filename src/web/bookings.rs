@@ -29,6 +29,7 @@ pub fn requester(u: &CurrentUser) -> Requester {
         user_id: u.user.id,
         email: u.user.email.clone(),
         is_admin: u.is_admin(),
+        is_finance: u.is_finance(),
         tenants: u
             .memberships
             .iter()
