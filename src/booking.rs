@@ -131,6 +131,19 @@ struct Fleet {
     mix: ProfileMix,
 }
 
+/// The fleet a request of `kind` by `tenant` may land on, read under the
+/// placement lock (the profile-mix statistic is read just before it, so the
+/// serialised section stays short).
+async fn fleet_for(
+    tx: &mut Transaction<'_, Postgres>,
+    kind: Kind,
+    tenant: &Tenant,
+) -> sqlx::Result<Fleet> {
+    let asked = db::bookings::recent_profile_counts(&mut **tx).await?;
+    lock_placement(tx, kind).await?;
+    load_fleet(tx, Some(kind), &tenant.quota.allowed_models, &asked).await
+}
+
 /// Loads the bookable GPUs (of `kind` only, when given) with their live
 /// bookings.
 async fn load_fleet(
@@ -570,15 +583,7 @@ async fn try_create(
         start: ts(start),
         end: ts(end),
     };
-    let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
-    lock_placement(&mut tx, req.kind()).await?;
-    let fleet = load_fleet(
-        &mut tx,
-        Some(req.kind()),
-        &tenant.quota.allowed_models,
-        &asked,
-    )
-    .await?;
+    let fleet = fleet_for(&mut tx, req.kind(), &tenant).await?;
     let priority = priority_of(req, &tenant);
     let spot = find_spot(&fleet, req, window);
     let (memory, slices, model) = match &spot {
@@ -844,15 +849,7 @@ async fn place_one_queued(
         start: ts(start),
         end: ts(end),
     };
-    let asked = db::bookings::recent_profile_counts(&mut *tx).await?;
-    lock_placement(&mut tx, req.kind()).await?;
-    let fleet = load_fleet(
-        &mut tx,
-        Some(req.kind()),
-        &tenant.quota.allowed_models,
-        &asked,
-    )
-    .await?;
+    let fleet = fleet_for(&mut tx, req.kind(), &tenant).await?;
     match find_spot(&fleet, &req, window) {
         Ok(s) => {
             let memory = memory_of(&req, Some(&s.model));

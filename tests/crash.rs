@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TestApp;
+use common::{booking_status, wait_for, Killed, TestApp};
 use gpuslice::booking::{self, Created, Requester};
 use gpuslice::domain::booking::BookingInput;
 use serde_json::Value;
@@ -39,7 +39,7 @@ impl Node {
     }
 
     /// Starts `gpuslice worker --node n1`, crashing at `crash` if given.
-    fn start(&self, crash: Option<&str>) -> Child {
+    fn start(&self, crash: Option<&str>) -> Killed {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuslice"));
         cmd.args(["worker", "--node", "n1"])
             .env("DATABASE_URL", &self.url)
@@ -56,7 +56,7 @@ impl Node {
         if let Some(c) = crash {
             cmd.env("GPUSLICE_SIM_CRASH", c);
         }
-        cmd.spawn().unwrap()
+        Killed(cmd.spawn().unwrap())
     }
 
     /// MIG instances on the simulated hardware, from its state file.
@@ -81,21 +81,6 @@ impl Drop for Node {
     }
 }
 
-async fn wait_for<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -105,19 +90,6 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
         assert!(Instant::now() < deadline, "the worker did not crash");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn kill(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-async fn status(app: &TestApp, id: i64) -> String {
-    sqlx::query_scalar("SELECT status FROM bookings WHERE id = $1")
-        .bind(id)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
 }
 
 async fn setup() -> (TestApp, Node, Requester) {
@@ -167,14 +139,14 @@ async fn converges_after_a_crash_while_provisioning(point: &str, instances_after
     let mut worker = node.start(Some(point));
     gpus_registered(&app).await;
     let id = book(&app, &who).await;
-    let exit = wait_exit(&mut worker);
+    let exit = wait_exit(&mut worker.0);
     assert!(!exit.success(), "the injected crash must kill the worker");
-    assert_eq!(status(&app, id).await, "provisioning");
+    assert_eq!(booking_status(&app, id).await, "provisioning");
     assert_eq!(node.instances().len(), instances_after_crash);
 
     let worker = node.start(None);
     wait_for("the booking to become active", || async {
-        status(&app, id).await == "active"
+        booking_status(&app, id).await == "active"
     })
     .await;
     let on_hw = node.instances();
@@ -185,7 +157,7 @@ async fn converges_after_a_crash_while_provisioning(point: &str, instances_after
         .await
         .unwrap();
     assert_eq!(on_hw[0]["device_uuid"].as_str(), Some(device.as_str()));
-    kill(worker);
+    drop(worker);
 }
 
 #[tokio::test]
@@ -204,26 +176,29 @@ async fn a_crash_during_teardown_converges_to_released_with_nothing_left() {
     let worker = node.start(None);
     gpus_registered(&app).await;
     let id = book(&app, &who).await;
-    wait_for("active", || async { status(&app, id).await == "active" }).await;
+    wait_for("active", || async {
+        booking_status(&app, id).await == "active"
+    })
+    .await;
     assert_eq!(node.instances().len(), 1);
-    kill(worker);
+    drop(worker);
 
     let mut worker = node.start(Some("after-destroy"));
     booking::release(&app.pool, &who, id, None, None)
         .await
         .unwrap();
-    let exit = wait_exit(&mut worker);
+    let exit = wait_exit(&mut worker.0);
     assert!(!exit.success());
-    assert_eq!(status(&app, id).await, "releasing");
+    assert_eq!(booking_status(&app, id).await, "releasing");
     assert!(node.instances().is_empty());
 
     let worker = node.start(None);
     wait_for("released", || async {
-        status(&app, id).await == "released"
+        booking_status(&app, id).await == "released"
     })
     .await;
     assert!(node.instances().is_empty());
-    kill(worker);
+    drop(worker);
 }
 
 #[tokio::test]
@@ -233,7 +208,10 @@ async fn a_second_worker_for_the_same_node_waits_for_the_first() {
     gpus_registered(&app).await;
     let second = node.start(None);
     let id = book(&app, &who).await;
-    wait_for("active", || async { status(&app, id).await == "active" }).await;
+    wait_for("active", || async {
+        booking_status(&app, id).await == "active"
+    })
+    .await;
     // Only one worker applied it: one instance, one provisioning event.
     assert_eq!(node.instances().len(), 1);
     let provisioning: i64 = sqlx::query_scalar(
@@ -244,6 +222,6 @@ async fn a_second_worker_for_the_same_node_waits_for_the_first() {
     .await
     .unwrap();
     assert_eq!(provisioning, 1);
-    kill(first);
-    kill(second);
+    drop(first);
+    drop(second);
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TestApp;
+use common::{booking_status, wait_for, Killed, TestApp};
 use gpuslice::booking::{self, Created, Requester};
 use gpuslice::domain::booking::BookingInput;
 
@@ -94,43 +94,10 @@ impl Node {
     }
 }
 
-/// A child process that is killed when the test ends, even by a panic.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-async fn wait_for<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-async fn status(app: &TestApp, id: i64) -> String {
-    sqlx::query_scalar("SELECT status FROM bookings WHERE id = $1")
-        .bind(id)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap()
 }
 
 async fn share(app: &TestApp, who: &Requester, gib: i32, priority: &str) -> i64 {
@@ -207,7 +174,10 @@ async fn exec_runs_in_the_booking_and_refuses_strangers() {
         String::from_utf8_lossy(&out.stderr).contains("there is no booking 999999"),
         "{out:?}"
     );
-    wait_for("active", || async { status(&app, id).await == "active" }).await;
+    wait_for("active", || async {
+        booking_status(&app, id).await == "active"
+    })
+    .await;
     let gpu: String = sqlx::query_scalar("SELECT device_uuid FROM bookings WHERE id = $1")
         .bind(id)
         .fetch_one(&app.pool)
@@ -247,7 +217,7 @@ async fn exec_runs_in_the_booking_and_refuses_strangers() {
         .await
         .unwrap();
     wait_for("released", || async {
-        status(&app, id).await == "released"
+        booking_status(&app, id).await == "released"
     })
     .await;
     let out = node.exec(None, id, "true");
@@ -283,7 +253,10 @@ async fn shares_joined_with_exec_get_cpu_near_4_2_1_and_a_restart_leaves_nothing
         ids.push(share(&app, &who, 8, p).await);
     }
     for id in &ids {
-        wait_for("active", || async { status(&app, *id).await == "active" }).await;
+        wait_for("active", || async {
+            booking_status(&app, *id).await == "active"
+        })
+        .await;
     }
     // Three busy loops, each joined to its share with gpuslice exec.
     let bin = env!("CARGO_BIN_EXE_gpuslice");
@@ -362,7 +335,7 @@ async fn shares_joined_with_exec_get_cpu_near_4_2_1_and_a_restart_leaves_nothing
     let worker = Killed(node.start());
     for id in &ids {
         wait_for("released", || async {
-            status(&app, *id).await == "released"
+            booking_status(&app, *id).await == "released"
         })
         .await;
     }
@@ -425,7 +398,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
     gpuslice::worker::bookings::step(&app.pool, &name, "t", backend.clone(), &settings)
         .await
         .unwrap();
-    assert_eq!(status(&app, id).await, "active");
+    assert_eq!(booking_status(&app, id).await, "active");
     // A process of the share that holds 6 GiB of its 4.
     let mut p = Killed(Command::new("sleep").arg("60").spawn().unwrap());
     layout.group(id).add(p.0.id()).unwrap();

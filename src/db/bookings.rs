@@ -861,13 +861,3 @@ pub async fn qos_ledger(
     .fetch_all(db)
     .await
 }
-
-/// The scheduler state stored for a booking.
-pub async fn scheduler_of(
-    db: impl PgExecutor<'_>,
-    id: i64,
-) -> sqlx::Result<Option<serde_json::Value>> {
-    sqlx::query_scalar!("SELECT scheduler FROM bookings WHERE id = $1", id)
-        .fetch_one(db)
-        .await
-}

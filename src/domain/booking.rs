@@ -94,11 +94,6 @@ impl Status {
                 | Status::Releasing
         )
     }
-
-    /// Over: nothing more will happen to it.
-    pub fn is_final(self) -> bool {
-        !self.is_live()
-    }
 }
 
 /// What is booked.

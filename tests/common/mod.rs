@@ -306,3 +306,38 @@ pub fn standin_copy() -> std::path::PathBuf {
     std::fs::copy(lib, &copy).unwrap();
     copy
 }
+
+/// Polls `f` every 100 ms until it holds; panics naming `what` after 30 s.
+pub async fn wait_for<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A booking's status.
+pub async fn booking_status(app: &TestApp, id: i64) -> String {
+    sqlx::query_scalar("SELECT status FROM bookings WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+/// A child process killed when the test ends, even by a panic.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
