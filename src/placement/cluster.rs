@@ -66,6 +66,8 @@ pub struct NodeState {
     pub gpu_left: [i32; 8],
     pub gpus: u8,
     pub model: u8,
+    /// The node's CPU, for how full it is.
+    pub cpu_cap: i64,
 }
 
 impl NodeState {
@@ -80,6 +82,7 @@ impl NodeState {
             gpu_left,
             gpus: spec.gpus.min(8),
             model: spec.model,
+            cpu_cap: spec.cpu_milli,
         }
     }
 
@@ -137,6 +140,18 @@ impl NodeState {
             }
         }
         c
+    }
+
+    /// How full the node is in its emptiest dimension (GPU or CPU), 0..1:
+    /// a node with free GPUs but no CPU left is as full as its GPUs.
+    pub fn fullness(&self) -> f64 {
+        let gpu_free = if self.gpus == 0 {
+            0.0
+        } else {
+            self.gpu_free() as f64 / (f64::from(self.gpus) * f64::from(MILLI))
+        };
+        let cpu_free = self.cpu_left as f64 / self.cpu_cap.max(1) as f64;
+        1.0 - gpu_free.max(cpu_free)
     }
 
     /// A key equal for states that fragmentation cannot tell apart (GPU
@@ -262,9 +277,13 @@ pub enum Policy {
     /// FGD's simulator does (sigmoid of the change, as an integer 0–100),
     /// ties to the first node in list order.
     Fgd,
-    /// gpuslice's candidate default: FGD's node ranking (rounded score,
-    /// first node among equals), but on the chosen node the GPU whose exact
-    /// fragmentation growth is least rather than the first of equal score.
+    /// gpuslice's default: FGD's node score (rounded as FGD's simulator
+    /// rounds it), but among nodes of equal score the one left fullest in
+    /// its emptiest dimension, GPU or CPU (then the first in list order),
+    /// and on that node the GPU whose exact fragmentation growth is least.
+    /// FGD sends ties to the first node in list order, which packs by
+    /// accident of naming; packing by fullness keeps emptier nodes whole
+    /// for the multi-GPU and CPU-heavy tasks to come.
     Gpuslice,
 }
 
@@ -415,7 +434,7 @@ impl Cluster {
         // choice among equal scores does not: FGD drops to about 91.6 % on
         // the default trace), and it packs, which is what makes near-equal
         // choices good.
-        let mut best: Option<(f64, Pick)> = None;
+        let mut best: Option<(f64, Pick, f64)> = None;
         for i in 0..self.nodes.len() {
             let s = self.nodes[i];
             if !s.fits(t) {
@@ -438,8 +457,15 @@ impl Cluster {
                     (c, score)
                 }
             };
-            if best.as_ref().is_none_or(|b| score > b.0) {
-                best = Some((score, Pick { node: i, choice }));
+            // gpuslice: among equal scores, the node left fullest (then
+            // the first in list order); FGD: the first in list order.
+            let tie = if policy == Policy::Gpuslice {
+                s.with(t, &choice).fullness()
+            } else {
+                0.0
+            };
+            if best.as_ref().is_none_or(|b| score > b.0 || (score == b.0 && tie > b.2)) {
+                best = Some((score, Pick { node: i, choice }, tie));
             }
         }
         best.map(|b| b.1)
@@ -614,5 +640,26 @@ mod tests {
             let expected = if want == 1 { [1000, 0] } else { [500, 500] };
             assert_eq!(&c.nodes[0].gpu_left[..2], &expected, "{policy:?}");
         }
+    }
+
+    #[test]
+    fn gpuslice_breaks_fgd_ties_towards_the_fuller_node() {
+        // Whole-GPU work only: a whole GPU strands nothing on either node,
+        // so FGD scores them equal and takes the first; gpuslice packs.
+        let tasks = vec![task(1000, 1, 1000)];
+        let shapes = typical_shapes(&tasks, 1.0);
+        for (policy, want) in [(Policy::Fgd, 0), (Policy::Gpuslice, 1)] {
+            let mut c = Cluster::new(&[node(8), node(8)], shapes.clone());
+            c.nodes[1].gpu_left = [0, 0, 0, 0, 1000, 1000, 1000, 1000];
+            c.nodes[1].cpu_left = 32_000;
+            assert_eq!(c.place(&task(1000, 1, 1000), policy), Some(want), "{policy:?}");
+        }
+        // Fullness counts the emptiest dimension: a node whose GPUs are half
+        // used but whose CPU is untouched is no fuller than an empty one.
+        let mut s = NodeState::new(&node(8));
+        s.gpu_left = [0, 0, 0, 0, 1000, 1000, 1000, 1000];
+        assert_eq!(s.fullness(), 0.0);
+        s.cpu_left = 16_000;
+        assert_eq!(s.fullness(), 0.5);
     }
 }
