@@ -464,7 +464,10 @@ impl Cluster {
             } else {
                 0.0
             };
-            if best.as_ref().is_none_or(|b| score > b.0 || (score == b.0 && tie > b.2)) {
+            if best
+                .as_ref()
+                .is_none_or(|b| score > b.0 || (score == b.0 && tie > b.2))
+            {
                 best = Some((score, Pick { node: i, choice }, tie));
             }
         }
@@ -652,7 +655,11 @@ mod tests {
             let mut c = Cluster::new(&[node(8), node(8)], shapes.clone());
             c.nodes[1].gpu_left = [0, 0, 0, 0, 1000, 1000, 1000, 1000];
             c.nodes[1].cpu_left = 32_000;
-            assert_eq!(c.place(&task(1000, 1, 1000), policy), Some(want), "{policy:?}");
+            assert_eq!(
+                c.place(&task(1000, 1, 1000), policy),
+                Some(want),
+                "{policy:?}"
+            );
         }
         // Fullness counts the emptiest dimension: a node whose GPUs are half
         // used but whose CPU is untouched is no fuller than an empty one.

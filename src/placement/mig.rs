@@ -203,7 +203,8 @@ pub fn stranded_slices(model: &Model, present: &[Existing], mix: &ProfileMix) ->
 
 /// Places a booking of `profile` (on GPUs of `model` when given) for
 /// `window`. Returns the GPU index and placement, or a refusal with the
-/// earliest start that would fit.
+/// earliest start that would fit. (Indexes the fleet first; callers that
+/// decide many times on one fleet keep a [`MigFleet`].)
 pub fn place(
     gpus: &[MigGpu],
     profile: &str,
@@ -212,61 +213,139 @@ pub fn place(
     policy: MigPolicy,
     mix: &ProfileMix,
 ) -> Result<(usize, Placement), Refusal> {
-    if window.is_empty() {
-        return Err(Refusal {
-            reason: "the booking window is empty".into(),
-            earliest_start: None,
-        });
-    }
-    if let Some(found) = best_slot(gpus, profile, model, window, policy, mix) {
-        return Ok(found);
-    }
-    let eligible = gpus
-        .iter()
-        .any(|g| model.is_none_or(|m| g.model.id == m) && g.model.profile(profile).is_some());
-    if !eligible {
-        return Err(Refusal {
-            reason: format!(
-                "no GPU{} offers the profile {profile}",
-                model.map(|m| format!(" of model {m}")).unwrap_or_default()
-            ),
-            earliest_start: None,
-        });
-    }
-    // The earliest start: on each GPU, feasibility changes only where one
-    // of its own bookings ends, so try those ends per GPU and take the
-    // smallest (the same answer as trying every end in the fleet, at a
-    // fraction of the cost).
-    let earliest = gpus
-        .iter()
-        .filter(|g| model.is_none_or(|m| g.model.id == m))
-        .filter_map(|g| {
-            let p = g.model.profile(profile)?;
-            let mut ends: Vec<i64> = g
-                .bookings
-                .iter()
-                .map(|b| b.window.end)
-                .filter(|&e| e > window.start)
-                .collect();
-            ends.sort_unstable();
-            ends.dedup();
-            ends.into_iter().find(|&start| {
-                let w = Window {
-                    start,
-                    end: start + window.len(),
-                };
-                !mig::free_placements(g.model, &g.present(w), p.nvml_id).is_empty()
-            })
-        })
-        .min();
-    Err(Refusal {
-        reason: format!("no free slot for {profile} in the requested window"),
-        earliest_start: earliest,
-    })
+    MigFleet::new(gpus).place(profile, model, window, policy, mix)
 }
 
-/// A fast hasher for state keys (numbers and short model ids): the
-/// default SipHash costs more than the rest of a GPU's evaluation.
+/// One booking in the fleet's time index: its window, its GPU and its
+/// instance packed as in [`state_key`].
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    start: i64,
+    end: i64,
+    gpu: u32,
+    item: u16,
+}
+
+/// MIG GPUs with every booking indexed by start time, so that a decision
+/// reads only the bookings that can overlap its window (those starting
+/// less than the longest booking before it) rather than every booking of
+/// every GPU.
+pub struct MigFleet<'a> {
+    pub gpus: &'a [MigGpu],
+    by_start: Vec<Entry>,
+    longest: i64,
+    /// The distinct models (by address; the catalog's are statics) and each
+    /// GPU's index into them.
+    models: Vec<&'static Model>,
+    model_of: Vec<u8>,
+}
+
+impl<'a> MigFleet<'a> {
+    pub fn new(gpus: &'a [MigGpu]) -> MigFleet<'a> {
+        let mut by_start = Vec::with_capacity(gpus.iter().map(|g| g.bookings.len()).sum());
+        let mut longest = 0;
+        let mut models: Vec<&'static Model> = Vec::new();
+        let mut model_of = Vec::with_capacity(gpus.len());
+        for (i, g) in gpus.iter().enumerate() {
+            let m = match models.iter().position(|m| std::ptr::eq(*m, g.model)) {
+                Some(m) => m,
+                None => {
+                    models.push(g.model);
+                    models.len() - 1
+                }
+            };
+            model_of.push(m.min(255) as u8);
+            for b in &g.bookings {
+                longest = longest.max(b.window.len());
+                by_start.push(Entry {
+                    start: b.window.start,
+                    end: b.window.end,
+                    gpu: i as u32,
+                    item: item_of(b),
+                });
+            }
+        }
+        by_start.sort_unstable_by_key(|e| e.start);
+        MigFleet {
+            gpus,
+            by_start,
+            longest,
+            models,
+            model_of,
+        }
+    }
+
+    /// The bookings whose windows overlap `w`.
+    fn overlapping(&self, w: Window) -> impl Iterator<Item = &Entry> {
+        // A booking ends at most `longest` after it starts.
+        let earliest = w.start.saturating_sub(self.longest);
+        let from = self.by_start.partition_point(|e| e.start <= earliest);
+        self.by_start[from..]
+            .iter()
+            .take_while(move |e| e.start < w.end)
+            .filter(move |e| e.end > w.start)
+    }
+
+    /// See [`place`].
+    pub fn place(
+        &self,
+        profile: &str,
+        model: Option<&str>,
+        window: Window,
+        policy: MigPolicy,
+        mix: &ProfileMix,
+    ) -> Result<(usize, Placement), Refusal> {
+        let gpus = self.gpus;
+        if let Some(found) = best_slot(self, profile, model, window, policy, mix) {
+            return Ok(found);
+        }
+        let eligible = gpus
+            .iter()
+            .any(|g| model.is_none_or(|m| g.model.id == m) && g.model.profile(profile).is_some());
+        if !eligible {
+            return Err(Refusal {
+                reason: format!(
+                    "no GPU{} offers the profile {profile}",
+                    model.map(|m| format!(" of model {m}")).unwrap_or_default()
+                ),
+                earliest_start: None,
+            });
+        }
+        // The earliest start: on each GPU, feasibility changes only where one
+        // of its own bookings ends, so try those ends per GPU and take the
+        // smallest (the same answer as trying every end in the fleet, at a
+        // fraction of the cost).
+        let earliest = gpus
+            .iter()
+            .filter(|g| model.is_none_or(|m| g.model.id == m))
+            .filter_map(|g| {
+                let p = g.model.profile(profile)?;
+                let mut ends: Vec<i64> = g
+                    .bookings
+                    .iter()
+                    .map(|b| b.window.end)
+                    .filter(|&e| e > window.start)
+                    .collect();
+                ends.sort_unstable();
+                ends.dedup();
+                ends.into_iter().find(|&start| {
+                    let w = Window {
+                        start,
+                        end: start + window.len(),
+                    };
+                    !mig::free_placements(g.model, &g.present(w), p.nvml_id).is_empty()
+                })
+            })
+            .min();
+        Err(Refusal {
+            reason: format!("no free slot for {profile} in the requested window"),
+            earliest_start: earliest,
+        })
+    }
+}
+
+/// A fast hasher for state keys (two numbers): the default SipHash costs
+/// more than the rest of a GPU's evaluation.
 #[derive(Default)]
 struct KeyHasher(u64);
 
@@ -281,34 +360,42 @@ impl std::hash::Hasher for KeyHasher {
         }
     }
 
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
     fn write_u128(&mut self, v: u128) {
         self.0 = (self.0.rotate_left(5) ^ (v as u64) ^ ((v >> 64) as u64))
             .wrapping_mul(0x517c_c1b7_2722_0a95);
     }
 }
 
-/// A GPU's model and its instances in the window, packed (see [`state_key`]).
-type StateKey<'a> = (&'a str, u128);
+type BuildKeyHasher = std::hash::BuildHasherDefault<KeyHasher>;
 
-/// The instances of a GPU that overlap `window`, as one sortable number
-/// without allocating: each instance is (profile id, start) in 12 bits, at
-/// most 8 of them (one per memory slice), sorted. Decisions scan every GPU,
-/// so this is the hot path.
-fn state_key(g: &MigGpu, window: Window) -> u128 {
-    let mut items = [0u16; 8];
-    let mut n = 0;
-    for b in g.bookings.iter().filter(|b| b.window.overlaps(window)) {
-        if n == items.len() {
-            break;
-        }
-        items[n] = ((b.profile_id as u16 & 0xff) << 4) | u16::from(b.placement.start & 0xf);
-        n += 1;
+/// A GPU's model (its index in the fleet's models) and its instances in
+/// the window, packed (see [`key_of`]).
+type StateKey = (usize, u128);
+
+/// A booking's instance in 12 bits: profile id and first memory slice.
+fn item_of(b: &Booked) -> u16 {
+    ((b.profile_id as u16 & 0xff) << 4) | u16::from(b.placement.start & 0xf)
+}
+
+/// The instances of a GPU in a window (`n` items), as one number equal for
+/// equal sets, without allocating: sorted, 12 bits each, behind the count.
+/// A GPU holds at most 8 (one per memory slice), but bookings that never
+/// meet each other all count; beyond 8 there is no key (None).
+fn key_of(items: &mut [u16; 8], n: u8) -> Option<u128> {
+    let n = usize::from(n);
+    if n > items.len() {
+        return None;
     }
     items[..n].sort_unstable();
-    items
-        .iter()
-        .take(n)
-        .fold(n as u128, |k, &i| (k << 12) | u128::from(i))
+    Some(
+        items[..n]
+            .iter()
+            .fold(n as u128, |k, &i| (k << 12) | u128::from(i)),
+    )
 }
 
 /// Until tenants' own requests say otherwise: every profile without media
@@ -341,69 +428,135 @@ pub fn stranded_for(model: &Model, instances: &[(String, u8)], mix: &ProfileMix)
 }
 
 fn best_slot(
-    gpus: &[MigGpu],
+    fleet: &MigFleet,
     profile: &str,
     model: Option<&str>,
     window: Window,
     policy: MigPolicy,
     mix: &ProfileMix,
 ) -> Option<(usize, Placement)> {
-    // (ranking key, lower is better; GPU; placement)
-    type Ranked = ((f64, f64, usize, u8), usize, Placement);
-    let mut best: Option<Ranked> = None;
-    // GPUs in the same state rank alike, and the first of them wins ties:
-    // evaluate each distinct state once.
-    let mut seen: std::collections::HashSet<StateKey, std::hash::BuildHasherDefault<KeyHasher>> =
-        std::collections::HashSet::default();
-    for (i, g) in gpus.iter().enumerate() {
-        if model.is_some_and(|m| g.model.id != m) {
-            continue;
-        }
-        let Some(p) = g.model.profile(profile) else {
-            continue;
-        };
-        if policy != MigPolicy::FirstFit && !seen.insert((g.model.id, state_key(g, window))) {
-            continue;
-        }
-        let present = g.present(window);
-        let free = mig::free_placements(g.model, &present, p.nvml_id);
-        if free.is_empty() {
-            continue;
-        }
-        if policy == MigPolicy::FirstFit {
-            return Some((i, free[0]));
-        }
-        let used: u8 = present.iter().map(|e| e.placement.size).sum();
-        let free_slices = f64::from(g.model.memory_slices.saturating_sub(used));
-        let before = if policy == MigPolicy::Gpuslice {
-            mix_capacity(g.model, &present, mix)
-        } else {
-            0.0
-        };
-        for pl in free {
-            // Lower keys are better.
-            let key = match policy {
-                MigPolicy::BestFit => (free_slices, 0.0, i, pl.start),
-                _ => {
-                    let mut after = present.clone();
-                    after.push(Existing {
-                        profile_id: p.nvml_id,
-                        placement: pl,
-                    });
-                    let loss = before - mix_capacity(g.model, &after, mix);
-                    // Then prefer GPUs already in use (keep empty ones whole).
-                    (loss, free_slices, i, pl.start)
-                }
-            };
-            if best.as_ref().is_none_or(|b| key < b.0) {
-                best = Some((key, i, pl));
+    let gpus = fleet.gpus;
+    // The requested profile on each distinct model, None where not allowed.
+    let profiles: Vec<Option<&Profile>> = fleet
+        .models
+        .iter()
+        .map(|m| {
+            model
+                .is_none_or(|want| m.id == want)
+                .then(|| m.profile(profile))
+                .flatten()
+        })
+        .collect();
+    let profile_of = |i: usize| profiles[usize::from(fleet.model_of[i])];
+    if policy == MigPolicy::FirstFit {
+        for (i, g) in gpus.iter().enumerate() {
+            let Some(p) = profile_of(i) else { continue };
+            let free = mig::free_placements(g.model, &g.present(window), p.nvml_id);
+            if let Some(pl) = free.first() {
+                return Some((i, *pl));
             }
-            if policy == MigPolicy::BestFit {
-                break; // lowest placement on this GPU
+        }
+        return None;
+    }
+    // GPUs in the same state rank alike, and the lowest index of them wins
+    // ties: evaluate each distinct state once, on its lowest-indexed GPU.
+    // The states come from the time index: only GPUs with a booking near
+    // the window are looked at one by one; the rest are empty.
+    let mut count = vec![0u8; gpus.len()];
+    let mut items = vec![[0u16; 8]; gpus.len()];
+    let mut touched: Vec<u32> = Vec::new();
+    for e in fleet.overlapping(window) {
+        let g = e.gpu as usize;
+        let c = count[g];
+        if c == 0 {
+            touched.push(e.gpu);
+        }
+        if let Some(slot) = items[g].get_mut(usize::from(c)) {
+            *slot = e.item;
+        }
+        count[g] = c.saturating_add(1);
+    }
+    let mut first_of: std::collections::HashMap<StateKey, usize, BuildKeyHasher> =
+        std::collections::HashMap::default();
+    let mut representatives: Vec<usize> = Vec::new();
+    for &g in &touched {
+        let g = g as usize;
+        if profile_of(g).is_none() {
+            continue;
+        }
+        match key_of(&mut items[g], count[g]) {
+            Some(key) => {
+                let first = first_of
+                    .entry((usize::from(fleet.model_of[g]), key))
+                    .or_insert(g);
+                *first = (*first).min(g);
             }
+            // Too many to key: evaluated on its own.
+            None => representatives.push(g),
         }
     }
-    best.map(|(_, i, pl)| (i, pl))
+    representatives.extend(first_of.into_values());
+    // The empty state: the first GPU of each model with nothing near.
+    let mut empty_found = vec![false; fleet.models.len()];
+    let mut left = profiles.iter().filter(|p| p.is_some()).count();
+    for (g, &c) in count.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        let m = usize::from(fleet.model_of[g]);
+        if c == 0 && profiles[m].is_some() && !empty_found[m] {
+            empty_found[m] = true;
+            left -= 1;
+            representatives.push(g);
+        }
+    }
+
+    representatives
+        .into_iter()
+        .filter_map(|i| rank(&gpus[i], i, profile_of(i)?, window, policy, mix))
+        .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal))
+        .map(|(_, i, pl)| (i, pl))
+}
+
+/// A ranking key (lower is better), the GPU and the placement.
+type Ranked = ((f64, f64, usize, u8), usize, Placement);
+
+/// The best placement of `p` on GPU `i` for `policy`, with its key.
+fn rank(
+    g: &MigGpu,
+    i: usize,
+    p: &Profile,
+    window: Window,
+    policy: MigPolicy,
+    mix: &ProfileMix,
+) -> Option<Ranked> {
+    let present = g.present(window);
+    let free = mig::free_placements(g.model, &present, p.nvml_id);
+    let used: u8 = present.iter().map(|e| e.placement.size).sum();
+    let free_slices = f64::from(g.model.memory_slices.saturating_sub(used));
+    if policy != MigPolicy::Gpuslice {
+        // Best-fit: the fullest GPU, its lowest placement.
+        return free
+            .first()
+            .map(|&pl| ((free_slices, 0.0, i, pl.start), i, pl));
+    }
+    let before = mix_capacity(g.model, &present, mix);
+    let mut best: Option<Ranked> = None;
+    for pl in free {
+        let mut after = present.clone();
+        after.push(Existing {
+            profile_id: p.nvml_id,
+            placement: pl,
+        });
+        let loss = before - mix_capacity(g.model, &after, mix);
+        // Least loss of the mix's capacity; then GPUs already in use (keep
+        // empty ones whole); then the lowest GPU and placement.
+        let key = (loss, free_slices, i, pl.start);
+        if best.as_ref().is_none_or(|b| key < b.0) {
+            best = Some((key, i, pl));
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -563,6 +716,49 @@ mod tests {
                     }
                 }
             }
+        }
+
+        /// The indexed decision (each distinct state once, found through the
+        /// time index) is the one scoring every GPU one by one would make.
+        #[test]
+        fn indexed_decision_equals_scoring_every_gpu(
+            booked in proptest::collection::vec((0usize..8, 0usize..5, 0i64..20, 1i64..12), 0..60),
+            req in (0usize..5, 0i64..20, 1i64..6, 0usize..3, proptest::bool::ANY),
+        ) {
+            let names = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"];
+            let a100 = model("A100-40GB").unwrap();
+            let mut gpus = h100s(8);
+            for g in gpus.iter_mut().skip(5) {
+                g.model = a100;
+            }
+            for (gi, pi, start, len) in booked {
+                let w = Window { start: start * 600, end: (start + len) * 600 };
+                let g = &mut gpus[gi];
+                let Some(p) = g.model.profile(names[pi]).or_else(|| g.model.profiles.first()) else { continue };
+                if let Some(pl) = mig::free_placements(g.model, &g.present(w), p.nvml_id).first() {
+                    g.bookings.push(Booked { profile_id: p.nvml_id, placement: *pl, window: w });
+                }
+            }
+            let (pi, start, len, pol, only_h100) = req;
+            let w = Window { start: start * 600, end: (start + len) * 600 };
+            let policy = MigPolicy::ALL[pol];
+            let want_model = only_h100.then_some("H100-80GB");
+            let got = place(&gpus, names[pi], want_model, w, policy, &mix()).ok();
+            let brute = gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| want_model.is_none_or(|m| g.model.id == m))
+                .filter_map(|(i, g)| {
+                    let p = g.model.profile(names[pi])?;
+                    if policy == MigPolicy::FirstFit {
+                        let pl = *mig::free_placements(g.model, &g.present(w), p.nvml_id).first()?;
+                        return Some(((0.0, 0.0, i, pl.start), i, pl));
+                    }
+                    rank(g, i, p, w, policy, &mix())
+                })
+                .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap())
+                .map(|(_, i, pl)| (i, pl));
+            prop_assert_eq!(got, brute);
         }
 
         /// A refusal happens only when an exhaustive search of every GPU and
