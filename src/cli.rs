@@ -278,6 +278,10 @@ pub enum BenchCommand {
         /// slices, about 67 GPUs: 50 is heavy load).
         #[arg(long, default_value_t = 50)]
         gpus: usize,
+        /// Arrivals this many times faster (durations unchanged): more
+        /// load on the same fleet. 1 replays the trace's own times.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
         #[arg(long, default_value = "42")]
         seeds: String,
         #[arg(long)]
@@ -531,9 +535,10 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
         BenchCommand::Mig {
             pods,
             gpus,
+            speedup,
             seeds,
             json,
-        } => return bench_mig(pods, *gpus, seeds, *json),
+        } => return bench_mig(pods, *gpus, *speedup, seeds, *json),
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -611,15 +616,24 @@ fn bench_latency(gpus: usize, bookings: usize, decisions: usize, json: bool) -> 
     Ok(())
 }
 
-fn bench_mig(pods: &std::path::Path, gpus: usize, seeds: &str, json: bool) -> Result<()> {
+fn bench_mig(
+    pods: &std::path::Path,
+    gpus: usize,
+    speedup: f64,
+    seeds: &str,
+    json: bool,
+) -> Result<()> {
     use crate::bench::{mig, replay::parse_seeds};
     use crate::placement::mig::MigPolicy;
     if gpus == 0 {
         bail!("--gpus: the fleet needs at least one GPU");
     }
+    if !(speedup.is_finite() && speedup > 0.0) {
+        bail!("--speedup must be a positive number (1 replays the trace's own times)");
+    }
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
-        let stream = mig::stream(pods, seed).map_err(|e| anyhow!(e))?;
+        let stream = mig::stream(pods, seed, speedup).map_err(|e| anyhow!(e))?;
         let mut base = None;
         for p in MigPolicy::ALL {
             let started = std::time::Instant::now();
@@ -627,12 +641,13 @@ fn bench_mig(pods: &std::path::Path, gpus: usize, seeds: &str, json: bool) -> Re
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(
-                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), stranded slices {:7.1}, {:.1} s",
+                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours, stranded slices {:7.1}, {:.1} s",
                     r.policy,
                     r.accepted,
                     r.requests,
                     r.acceptance_pct,
                     100.0 * (r.accepted as f64 / base_acc.max(1) as f64 - 1.0),
+                    r.served_slice_hours,
                     r.mean_stranded_slices,
                     started.elapsed().as_secs_f64()
                 );

@@ -171,6 +171,37 @@ fn latency_and_mig_benchmarks_run_small() {
         let r = &r["result"];
         assert_eq!(r["requests"], 360, "300 tasks, 60 of them two GPUs");
         assert!(r["accepted"].as_u64().unwrap() <= 360);
+        assert!(r["served_slice_hours"].as_f64().unwrap() > 0.0);
     }
+    // Faster arrivals on the same fleet: more load, no more work served.
+    let fast = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args([
+            "bench",
+            "mig",
+            "--gpus",
+            "4",
+            "--speedup",
+            "4",
+            "--json",
+            "--pods",
+        ])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert!(fast.status.success());
+    let fast: serde_json::Value = serde_json::from_slice(&fast.stdout).unwrap();
+    for (slow, fast) in rows.iter().zip(fast.as_array().unwrap()) {
+        assert!(
+            fast["result"]["accepted"].as_u64() <= slow["result"]["accepted"].as_u64(),
+            "{fast} vs {slow}"
+        );
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["bench", "mig", "--speedup", "0", "--pods"])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--speedup must be a positive number"));
     let _ = std::fs::remove_dir_all(&dir);
 }
