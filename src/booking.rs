@@ -15,7 +15,7 @@ use crate::domain::booking::{self as rules, BookingRequest, Kind, Request, SLICE
 use crate::domain::Priority;
 use crate::gpu::catalog::{self, Placement};
 use crate::placement::mig::{self as pmig, Booked, MigGpu, MigPolicy, ProfileMix, Refusal, Window};
-use crate::placement::shares::{self, Held as ShareHeld, SharedGpu};
+use crate::placement::shares::{self, Held as ShareHeld, ShareShapes, SharedGpu};
 
 /// Limits on when bookings may start.
 #[derive(Debug, Clone)]
@@ -129,6 +129,14 @@ struct Fleet {
     shared: Vec<SharedGpu>,
     shared_ids: Vec<i64>,
     mix: ProfileMix,
+    shapes: ShareShapes,
+}
+
+/// What tenants asked for lately: MIG profiles by model, share sizes.
+#[derive(Default)]
+struct Asked {
+    profiles: Vec<(String, String, i64)>,
+    shares: Vec<(i32, i64)>,
 }
 
 /// The fleet a request of `kind` by `tenant` may land on, read under the
@@ -139,7 +147,16 @@ async fn fleet_for(
     kind: Kind,
     tenant: &Tenant,
 ) -> sqlx::Result<Fleet> {
-    let asked = db::bookings::recent_profile_counts(&mut **tx).await?;
+    let asked = match kind {
+        Kind::Mig => Asked {
+            profiles: db::bookings::recent_profile_counts(&mut **tx).await?,
+            shares: Vec::new(),
+        },
+        Kind::Timeslice => Asked {
+            profiles: Vec::new(),
+            shares: db::bookings::recent_share_counts(&mut **tx).await?,
+        },
+    };
     lock_placement(tx, kind).await?;
     load_fleet(tx, Some(kind), &tenant.quota.allowed_models, &asked).await
 }
@@ -150,7 +167,7 @@ async fn load_fleet(
     tx: &mut Transaction<'_, Postgres>,
     kind: Option<Kind>,
     allowed_models: &[String],
-    asked: &[(String, String, i64)],
+    asked: &Asked,
 ) -> sqlx::Result<Fleet> {
     let mode = kind.map(|k| if k == Kind::Mig { "mig" } else { "timeslice" });
     let gpus: Vec<Bookable> = db::fleet::bookable(&mut **tx)
@@ -171,6 +188,7 @@ async fn load_fleet(
         shared: Vec::new(),
         shared_ids: Vec::new(),
         mix: ProfileMix::default(),
+        shapes: ShareShapes::from_counts(&asked.shares),
     };
     for g in &gpus {
         let here = by_gpu.get(&g.id).map(Vec::as_slice).unwrap_or(&[]);
@@ -218,7 +236,7 @@ async fn load_fleet(
             fleet.shared_ids.push(g.id);
         }
     }
-    fleet.mix = profile_mix(asked, &fleet.mig);
+    fleet.mix = profile_mix(&asked.profiles, &fleet.mig);
     fleet.gpus = gpus;
     Ok(fleet)
 }
@@ -228,19 +246,11 @@ async fn load_fleet(
 /// profile equally. It is read before the placement lock: a statistic a
 /// moment old serves as well, and the serialised section stays short.
 fn profile_mix(counts: &[(String, String, i64)], mig: &[MigGpu]) -> ProfileMix {
-    let total: i64 = counts.iter().map(|c| c.2).sum();
-    if total >= 20 {
-        let mut by_profile: HashMap<String, f64> = HashMap::new();
-        for (_, profile, n) in counts {
-            *by_profile.entry(profile.clone()).or_default() += *n as f64 / total as f64;
-        }
-        let mut mix: Vec<(String, f64)> = by_profile.into_iter().collect();
-        mix.sort_by(|a, b| a.0.cmp(&b.0));
-        return ProfileMix(mix);
-    }
-    mig.first()
-        .map(|g| pmig::default_mix(g.model))
-        .unwrap_or_default()
+    ProfileMix::from_counts(counts.iter().map(|c| (c.1.as_str(), c.2))).unwrap_or_else(|| {
+        mig.first()
+            .map(|g| pmig::default_mix(g.model))
+            .unwrap_or_default()
+    })
 }
 
 /// Where a request landed.
@@ -288,6 +298,7 @@ fn find_spot(fleet: &Fleet, req: &BookingRequest, window: Window) -> Result<Spot
                 f64::from(*memory_gib),
                 req.model.as_deref(),
                 window,
+                &fleet.shapes,
             )?;
             let g = &fleet.shared[i];
             Ok(Spot {
@@ -720,7 +731,9 @@ async fn share_fits(
         max_shares: gpu.max_shares as u32,
         held,
     }];
-    Ok(shares::place_share(&one, f64::from(memory_gib), None, window).is_ok())
+    // Whether it fits; where does not matter on one GPU.
+    let shapes = ShareShapes::default();
+    Ok(shares::place_share(&one, f64::from(memory_gib), None, window, &shapes).is_ok())
 }
 
 /// Locks a share's GPU and checks that the share still fits; if another
@@ -1082,7 +1095,7 @@ pub struct Offering {
 /// Every profile and share kind the fleet offers, with availability now.
 pub async fn offerings(pool: &PgPool) -> sqlx::Result<Vec<Offering>> {
     let mut tx = pool.begin().await?;
-    let fleet = load_fleet(&mut tx, None, &[], &[]).await?;
+    let fleet = load_fleet(&mut tx, None, &[], &Asked::default()).await?;
     tx.rollback().await?;
     let now = ts(OffsetDateTime::now_utc());
     let next_hour = Window {

@@ -75,9 +75,17 @@ async fn workers_register_gpus_and_the_fleet_page_draws_slices() {
     assert!(page.contains("memory slice 0: free"));
     assert!(page.contains("A30-24GB") && page.contains("0 / 4 used"));
     assert!(
-        page.contains("5 / 8 used · <span class=\"error\">1 stranded</span>"),
+        page.contains(
+            "5 / 8 used · <span class=\"error\" title=\"memory slices the asked profiles"
+        ),
+        "fragmentation is shown: {page}"
+    );
+    assert!(
+        page.contains("<span class=\"error\">1 stranded</span>"),
         "the stranded slice is shown: {page}"
     );
+    assert!(page.contains("slices the asked profiles cannot reach"));
+    assert!(page.contains("of 2 time-sliced GPUs unusable by the asked share sizes"));
     let metrics = reqwest::get(app.url("/metrics"))
         .await
         .unwrap()
@@ -92,6 +100,35 @@ async fn workers_register_gpus_and_the_fleet_page_draws_slices() {
     );
     assert!(metrics
         .contains("gpuslice_mig_free_slices{node=\"gpu-node-1\",gpu=\"0\",model=\"H100-80GB\"} 3"));
+    let value = |name: &str| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    // Both fragmented H100s lose slices the asked profiles wanted; an
+    // untouched GPU loses none.
+    for gpu in ["0", "1"] {
+        let v = value(&format!(
+            "gpuslice_mig_fragmentation_slices{{node=\"gpu-node-1\",gpu=\"{gpu}\""
+        ));
+        assert!(v > 0.0, "GPU {gpu}: {v}");
+    }
+    assert_eq!(
+        value("gpuslice_mig_fragmentation_slices{node=\"gpu-node-1\",gpu=\"2\""),
+        0.0
+    );
+    // Idle time-sliced GPUs strand nothing.
+    assert_eq!(
+        value("gpuslice_share_fragmentation_ratio{node=\"gpu-node-2\",gpu=\"0\""),
+        0.0
+    );
+    assert!(value("gpuslice_fleet_fragmentation_ratio{kind=\"mig\"}") > 0.0);
+    assert_eq!(
+        value("gpuslice_fleet_fragmentation_ratio{kind=\"timeslice\"}"),
+        0.0
+    );
     // htmx gets the table alone.
     let fragment = admin
         .get(app.url("/admin/fleet"))

@@ -413,6 +413,20 @@ pub async fn recent_profile_counts(
         .collect())
 }
 
+/// Share sizes (GiB) asked for in the last 30 days: the shapes share
+/// placement keeps room for.
+pub async fn recent_share_counts(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(i32, i64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT memory_gib, count(*) AS "n!"
+           FROM bookings
+           WHERE kind = 'timeslice' AND created_at > now() - interval '30 days'
+           GROUP BY memory_gib"#
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.memory_gib, r.n)).collect())
+}
+
 /// Places a queued booking: its GPU, slot and (possibly moved) window.
 #[allow(clippy::too_many_arguments)]
 pub async fn place_queued(

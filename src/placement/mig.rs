@@ -63,6 +63,26 @@ impl MigGpu {
 #[derive(Debug, Clone, Default)]
 pub struct ProfileMix(pub Vec<(String, f64)>);
 
+impl ProfileMix {
+    /// The mix of asked profiles from (name, count) pairs, once there are
+    /// at least 20 asks to go by; None before.
+    pub fn from_counts<'a>(counts: impl Iterator<Item = (&'a str, i64)>) -> Option<ProfileMix> {
+        let mut by_profile: std::collections::BTreeMap<&str, i64> = Default::default();
+        for (name, n) in counts {
+            *by_profile.entry(name).or_default() += n.max(0);
+        }
+        let total: i64 = by_profile.values().sum();
+        (total >= 20).then(|| {
+            ProfileMix(
+                by_profile
+                    .into_iter()
+                    .map(|(name, n)| (name.to_string(), n as f64 / total as f64))
+                    .collect(),
+            )
+        })
+    }
+}
+
 /// MIG placement policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigPolicy {
@@ -172,6 +192,27 @@ pub fn mix_capacity(model: &Model, present: &[Existing], mix: &ProfileMix) -> f6
         .iter()
         .filter_map(|(name, w)| model.profile(name).map(|p| (p, *w)))
         .map(|(p, w)| w * f64::from(capacity(model, &bits, p) * u32::from(p.memory_slices)))
+        .sum()
+}
+
+/// The MIG counterpart of FGD's measure, in memory slices: for each
+/// profile of the mix, the free slices it could occupy on an empty GPU but
+/// can no longer reach with any placement NVIDIA allows, weighted by how
+/// often the profile is asked for. An empty GPU scores 0 (slices a profile
+/// can never reach, like the eighth slice for 1g on an H100, are not
+/// fragmentation); a 1g at slice 0 scores what 4g and 7g lost.
+pub fn mix_fragmentation(model: &Model, present: &[Existing], mix: &ProfileMix) -> f64 {
+    let taken = present.iter().fold(0u16, |m, e| m | mask(e.placement));
+    mix.0
+        .iter()
+        .filter_map(|(name, w)| model.profile(name).map(|p| (p, *w)))
+        .map(|(p, w)| {
+            let ever = p.placements().fold(0u16, |m, pl| m | mask(pl));
+            let now = mig::free_placements(model, present, p.nvml_id)
+                .into_iter()
+                .fold(0u16, |m, pl| m | mask(pl));
+            w * f64::from((ever & !now & !taken).count_ones())
+        })
         .sum()
 }
 
@@ -670,6 +711,28 @@ mod tests {
             6,
             "no 4g fits: all six free slices are stranded"
         );
+    }
+
+    #[test]
+    fn mix_fragmentation_counts_what_the_asked_profiles_lost() {
+        let m = model("H100-80GB").unwrap();
+        let at = |name: &str, start| Existing {
+            profile_id: m.profile(name).unwrap().nvml_id,
+            placement: Placement {
+                start,
+                size: m.profile(name).unwrap().memory_slices,
+            },
+        };
+        let half = ProfileMix(vec![("4g.40gb".into(), 0.5), ("1g.10gb".into(), 0.5)]);
+        assert_eq!(
+            mix_fragmentation(m, &[], &half),
+            0.0,
+            "an empty GPU loses nothing"
+        );
+        // 1g at slice 0: 4g (only at slice 0) lost slices 1-3; 1g lost none.
+        assert_eq!(mix_fragmentation(m, &[at("1g.10gb", 0)], &half), 1.5);
+        // 1g at slice 6 instead: 4g still fits at 0, 1g still reaches the rest.
+        assert_eq!(mix_fragmentation(m, &[at("1g.10gb", 6)], &half), 0.0);
     }
 
     proptest! {

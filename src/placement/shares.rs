@@ -29,6 +29,69 @@ pub struct SharedGpu {
     pub held: Vec<Held>,
 }
 
+/// Share sizes tenants ask for (GiB) and how often (weights sum to 1).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShareShapes(pub Vec<(f64, f64)>);
+
+impl ShareShapes {
+    /// FGD's typical shapes from counts of asked sizes (GiB, count): most
+    /// asked first, taken until they cover 95 % of the asks. With fewer
+    /// than 20 asks there is no telling; the smallest share (1 GiB) stands
+    /// for them, so the measure is the memory no share can use at all.
+    pub fn from_counts(counts: &[(i32, i64)]) -> ShareShapes {
+        let total: i64 = counts.iter().map(|c| c.1.max(0)).sum();
+        if total < 20 {
+            return ShareShapes(vec![(1.0, 1.0)]);
+        }
+        let mut list: Vec<(i32, i64)> = counts.iter().copied().filter(|c| c.1 > 0).collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)));
+        let mut taken = Vec::new();
+        let mut covered = 0;
+        for (gib, n) in list {
+            if covered as f64 >= 0.95 * total as f64 {
+                break;
+            }
+            covered += n;
+            taken.push((gib, n));
+        }
+        ShareShapes(
+            taken
+                .into_iter()
+                .map(|(gib, n)| (f64::from(gib), n as f64 / covered as f64))
+                .collect(),
+        )
+    }
+}
+
+/// FGD's fragmentation of a time-sliced GPU over `w` (Weng et al., USENIX
+/// ATC '23), as a fraction of the GPU: its free memory weighted by how many
+/// of the asked share sizes cannot use it (a size that fits can use it; a
+/// size that does not, or any size once the share limit is reached, cannot).
+/// A GPU held whole has nothing free.
+pub fn fragmentation(g: &SharedGpu, w: Window, shapes: &ShareShapes) -> f64 {
+    let mut used = 0.0;
+    let mut count = 0;
+    for h in g.overlapping(w) {
+        if h.exclusive {
+            return 0.0;
+        }
+        used += h.memory_gib;
+        count += 1;
+    }
+    let free = (g.memory_gib - used).max(0.0);
+    if g.memory_gib <= 0.0 || free <= 0.0 {
+        return 0.0;
+    }
+    let slot = count < g.max_shares;
+    let unusable: f64 = shapes
+        .0
+        .iter()
+        .filter(|(gib, _)| !slot || *gib > free)
+        .map(|(_, w)| w)
+        .sum();
+    unusable * free / g.memory_gib
+}
+
 impl SharedGpu {
     fn overlapping(&self, w: Window) -> impl Iterator<Item = &Held> {
         self.held.iter().filter(move |h| h.window.overlaps(w))
@@ -78,27 +141,48 @@ fn pick_share(
     memory_gib: f64,
     model: Option<&str>,
     w: Window,
+    shapes: &ShareShapes,
 ) -> Option<usize> {
-    // Best fit: the GPU left with the least memory after the share (packs,
-    // keeping other GPUs free for whole-GPU bookings); first among equals.
+    // FGD: the GPU whose fragmentation grows least; among equals best fit,
+    // the GPU left with the least memory (packs, keeping other GPUs free for
+    // large shares); then the first.
+    let key = |i: usize, g: &SharedGpu, room: f64| {
+        let before = fragmentation(g, w, shapes);
+        let mut after = g.clone();
+        after.held.push(Held {
+            memory_gib,
+            exclusive: false,
+            window: w,
+        });
+        // Rounded to 1/1000 of a GPU, so that float noise cannot outrank
+        // the best fit.
+        let growth = ((fragmentation(&after, w, shapes) - before) * 1000.0).round();
+        (growth, room - memory_gib, i)
+    };
     gpus.iter()
         .enumerate()
         .filter(|(_, g)| model_ok(g, model))
         .filter_map(|(i, g)| {
             g.room_for_share(w)
                 .filter(|&room| room >= memory_gib)
-                .map(|room| (i, room - memory_gib))
+                .map(|room| key(i, g, room))
         })
-        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-        .map(|(i, _)| i)
+        .min_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+        })
+        .map(|k| k.2)
 }
 
-/// Places a share of `memory_gib` for `window`.
+/// Places a share of `memory_gib` for `window`, keeping room for the share
+/// sizes tenants ask for (`shapes`).
 pub fn place_share(
     gpus: &[SharedGpu],
     memory_gib: f64,
     model: Option<&str>,
     window: Window,
+    shapes: &ShareShapes,
 ) -> Result<usize, Refusal> {
     if memory_gib.is_nan() || memory_gib <= 0.0 {
         return Err(Refusal {
@@ -106,7 +190,7 @@ pub fn place_share(
             earliest_start: None,
         });
     }
-    if let Some(i) = pick_share(gpus, memory_gib, model, window) {
+    if let Some(i) = pick_share(gpus, memory_gib, model, window, shapes) {
         return Ok(i);
     }
     let largest = gpus
@@ -215,17 +299,66 @@ mod tests {
         end: 3600,
     };
 
+    fn one_gib() -> ShareShapes {
+        ShareShapes::from_counts(&[])
+    }
+
+    fn share(gib: f64) -> Held {
+        Held {
+            memory_gib: gib,
+            exclusive: false,
+            window: W,
+        }
+    }
+
+    #[test]
+    fn fragmentation_is_free_memory_the_asked_sizes_cannot_use() {
+        // Half the asks are 8 GiB, half 24 GiB.
+        let shapes = ShareShapes::from_counts(&[(8, 50), (24, 50)]);
+        assert_eq!(shapes.0.len(), 2);
+        let mut g = l40s(0);
+        assert_eq!(
+            fragmentation(&g, W, &shapes),
+            0.0,
+            "an empty GPU strands nothing"
+        );
+        g.held.push(share(32.0));
+        // 16 GiB free: 8 GiB fits, 24 does not: half of a third of the GPU.
+        assert!((fragmentation(&g, W, &shapes) - 0.5 * 16.0 / 48.0).abs() < 1e-9);
+        // Share limit reached: no size can use what is left.
+        g.held.extend([share(1.0), share(1.0), share(1.0)]);
+        assert!((fragmentation(&g, W, &shapes) - 13.0 / 48.0).abs() < 1e-9);
+        // Too few asks to tell: only memory no share can use counts.
+        assert_eq!(ShareShapes::from_counts(&[(8, 3)]), one_gib());
+        // The shapes cover 95 % of the asks, most asked first.
+        let s = ShareShapes::from_counts(&[(4, 90), (8, 6), (40, 4)]);
+        assert_eq!(s.0.iter().map(|x| x.0).collect::<Vec<_>>(), vec![4.0, 8.0]);
+    }
+
+    #[test]
+    fn shares_go_where_they_strand_least() {
+        // 24 GiB asks dominate. GPU 0 has 30 GiB free, GPU 1 has 40 GiB:
+        // best fit would put a 16 GiB share on GPU 0 (14 left, too little
+        // for 24), FGD puts it on GPU 1 (24 left, still usable).
+        let shapes = ShareShapes::from_counts(&[(24, 80), (16, 20)]);
+        let mut g = vec![l40s(0), l40s(0)];
+        g[0].held.push(share(18.0));
+        g[1].held.push(share(8.0));
+        assert_eq!(place_share(&g, 16.0, None, W, &shapes).unwrap(), 1);
+        assert_eq!(place_share(&g, 16.0, None, W, &one_gib()).unwrap(), 0);
+    }
+
     #[test]
     fn shares_pack_and_whole_gpus_stay_free() {
         let mut g = vec![l40s(0), l40s(0), l40s(1)];
-        let i = place_share(&g, 10.0, None, W).unwrap();
+        let i = place_share(&g, 10.0, None, W, &one_gib()).unwrap();
         g[i].held.push(Held {
             memory_gib: 10.0,
             exclusive: false,
             window: W,
         });
         // The second share joins the first GPU rather than opening another.
-        assert_eq!(place_share(&g, 10.0, None, W).unwrap(), i);
+        assert_eq!(place_share(&g, 10.0, None, W, &one_gib()).unwrap(), i);
         // Two whole GPUs on one node: node 0 still has one free, node 1 one:
         // neither has two.
         assert!(place_whole(&g, 2, None, W).is_err());
@@ -248,15 +381,16 @@ mod tests {
                 start: 600,
                 end: 1200,
             },
+            &one_gib(),
         )
         .unwrap_err();
         assert_eq!(r.earliest_start, Some(3600));
-        let r = place_share(&g, 80.0, None, W).unwrap_err();
+        let r = place_share(&g, 80.0, None, W, &one_gib()).unwrap_err();
         assert!(r.reason.contains("has 80 GiB"), "{}", r.reason);
         assert_eq!(r.earliest_start, None);
         let r = place_whole(&g, 3, None, W).unwrap_err();
         assert_eq!(r.reason, "no node has 3 such GPUs");
-        assert!(place_share(&g, 8.0, Some("A10-24GB"), W).is_err());
+        assert!(place_share(&g, 8.0, Some("A10-24GB"), W, &one_gib()).is_err());
     }
 
     proptest! {
@@ -272,7 +406,7 @@ mod tests {
                         let gib = g[v[0]].memory_gib;
                         g[v[0]].held.push(Held { memory_gib: gib, exclusive: true, window: w });
                     }
-                } else if let Ok(i) = place_share(&g, f64::from(mem), None, w) {
+                } else if let Ok(i) = place_share(&g, f64::from(mem), None, w, &one_gib()) {
                     g[i].held.push(Held { memory_gib: f64::from(mem), exclusive: false, window: w });
                 }
             }

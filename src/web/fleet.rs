@@ -14,8 +14,15 @@ use super::auth::CurrentUser;
 use super::error::AppError;
 use super::pages::{flash, PageCtx};
 use super::AppState;
+use std::collections::HashMap;
+
+use time::OffsetDateTime;
+
 use crate::db::{self, fleet::Gpu};
-use crate::gpu::catalog;
+use crate::gpu::catalog::{self, Placement};
+use crate::gpu::mig::Existing;
+use crate::placement::mig::{self, ProfileMix, Window};
+use crate::placement::shares::{self, Held, ShareShapes, SharedGpu};
 
 /// One block of the slot drawing.
 pub struct Block {
@@ -32,46 +39,141 @@ pub struct GpuView {
     pub slices: u32,
     pub blocks: Vec<Block>,
     pub used_slices: u32,
-    /// Free memory slices no profile of the mix can use (fragmentation).
-    pub stranded: u32,
+    pub frag: GpuFrag,
     pub stale: bool,
 }
 
-/// Free and stranded memory slices of a GPU as the fleet page and
-/// `/metrics` report them (MIG GPUs only; zeros otherwise).
-pub fn slice_use(gpu: &Gpu) -> (u32, u32) {
-    let Some(model) = catalog::model(&gpu.model).filter(|m| m.mig_capable() && gpu.mig_current)
-    else {
-        return (0, 0);
+/// Fragmentation of one GPU now, as the fleet page and `/metrics` show it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GpuFrag {
+    /// MIG: free memory slices.
+    pub free_slices: u32,
+    /// MIG: free memory slices no profile can use.
+    pub stranded: u32,
+    /// MIG: memory slices the asked profiles can no longer reach, weighted
+    /// by how often each is asked for ([`mig::mix_fragmentation`]).
+    pub mix_slices: f64,
+    /// Time-sliced: FGD's measure, the fraction of the GPU the asked share
+    /// sizes cannot use ([`shares::fragmentation`]).
+    pub share_fraction: Option<f64>,
+}
+
+/// The fleet's fragmentation: per GPU, and totals.
+#[derive(Debug, Clone, Default)]
+pub struct Fragmentation {
+    pub by_gpu: HashMap<i64, GpuFrag>,
+    pub mig_slices: u32,
+    pub free_slices: u32,
+    pub stranded: u32,
+    pub mix_slices: f64,
+    pub shared_gpus: u32,
+    pub share_gpus: f64,
+}
+
+impl Fragmentation {
+    /// The asked profiles' loss as a share of the MIG fleet's memory slices.
+    pub fn mig_ratio(&self) -> f64 {
+        if self.mig_slices == 0 {
+            0.0
+        } else {
+            self.mix_slices / f64::from(self.mig_slices)
+        }
+    }
+
+    /// FGD's fleet measure over the time-sliced GPUs (fraction of them).
+    pub fn share_ratio(&self) -> f64 {
+        if self.shared_gpus == 0 {
+            0.0
+        } else {
+            self.share_gpus / f64::from(self.shared_gpus)
+        }
+    }
+}
+
+/// Measures every GPU's fragmentation against what tenants asked for in
+/// the last 30 days (MIG profiles per model; share sizes), or the defaults
+/// while there are fewer than 20 asks (every profile alike; the smallest
+/// share).
+pub async fn fragmentation(pool: &sqlx::PgPool, gpus: &[Gpu]) -> sqlx::Result<Fragmentation> {
+    let profiles = db::bookings::recent_profile_counts(pool).await?;
+    let shapes = ShareShapes::from_counts(&db::bookings::recent_share_counts(pool).await?);
+    let live = db::bookings::placed_live(pool, Some("timeslice")).await?;
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let window = Window {
+        start: now,
+        end: now + 1,
     };
-    let instances: Vec<(String, u8)> = gpu
-        .instances
+    let mut out = Fragmentation::default();
+    for g in gpus {
+        let mut f = GpuFrag::default();
+        if let Some(model) = catalog::model(&g.model).filter(|m| m.mig_capable() && g.mig_current) {
+            let present = instances_of(g, model);
+            let mix = ProfileMix::from_counts(
+                profiles
+                    .iter()
+                    .filter(|c| c.0 == model.id)
+                    .map(|c| (c.1.as_str(), c.2)),
+            )
+            .unwrap_or_else(|| mig::default_mix(model));
+            let used: u32 = present.iter().map(|e| u32::from(e.placement.size)).sum();
+            f.free_slices = u32::from(model.memory_slices).saturating_sub(used);
+            f.stranded = mig::stranded_slices(model, &present, &mig::default_mix(model));
+            f.mix_slices = mig::mix_fragmentation(model, &present, &mix);
+            out.mig_slices += u32::from(model.memory_slices);
+            out.free_slices += f.free_slices;
+            out.stranded += f.stranded;
+            out.mix_slices += f.mix_slices;
+        } else if g.mode == "timeslice" {
+            let gpu = SharedGpu {
+                node: 0,
+                model: g.model.clone(),
+                memory_gib: g.memory_mib as f64 / 1024.0,
+                max_shares: u32::try_from(g.max_shares).unwrap_or(0),
+                held: live
+                    .iter()
+                    .filter(|p| p.gpu_id == g.id)
+                    .map(|p| Held {
+                        memory_gib: f64::from(p.memory_gib),
+                        exclusive: false,
+                        window: Window {
+                            start: p.start,
+                            end: p.end,
+                        },
+                    })
+                    .collect(),
+            };
+            let v = shares::fragmentation(&gpu, window, &shapes);
+            f.share_fraction = Some(v);
+            out.shared_gpus += 1;
+            out.share_gpus += v;
+        }
+        out.by_gpu.insert(g.id, f);
+    }
+    Ok(out)
+}
+
+/// The instances a MIG GPU reports, as the rule book sees them.
+fn instances_of(gpu: &Gpu, model: &catalog::Model) -> Vec<Existing> {
+    gpu.instances
         .as_array()
         .into_iter()
         .flatten()
-        .map(|i| {
-            (
-                i["profile"].as_str().unwrap_or("").to_string(),
-                i["start"].as_u64().unwrap_or(0) as u8,
-            )
+        .filter_map(|i| {
+            let p = model.profile(i["profile"].as_str()?)?;
+            Some(Existing {
+                profile_id: p.nvml_id,
+                placement: Placement {
+                    start: u8::try_from(i["start"].as_u64()?).ok()?,
+                    size: p.memory_slices,
+                },
+            })
         })
-        .collect();
-    let used: u32 = instances
-        .iter()
-        .filter_map(|(n, _)| model.profile(n).map(|p| u32::from(p.memory_slices)))
-        .sum();
-    let free = u32::from(model.memory_slices).saturating_sub(used);
-    let stranded = crate::placement::mig::stranded_for(
-        model,
-        &instances,
-        &crate::placement::mig::default_mix(model),
-    );
-    (free, stranded)
+        .collect()
 }
 
 const SLICE_PX: u32 = 44;
 
-fn view(gpu: Gpu) -> GpuView {
+fn view(gpu: Gpu, frag: GpuFrag) -> GpuView {
     let slices = catalog::model(&gpu.model)
         .map(|m| u32::from(m.memory_slices))
         .unwrap_or(0);
@@ -109,13 +211,12 @@ fn view(gpu: Gpu) -> GpuView {
     }
     let used_slices = taken.iter().filter(|t| **t).count() as u32;
     let stale = !gpu.healthy;
-    let (_, stranded) = slice_use(&gpu);
     GpuView {
         gpu,
         slices,
         blocks,
         used_slices,
-        stranded,
+        frag,
         stale,
     }
 }
@@ -124,8 +225,7 @@ fn view(gpu: Gpu) -> GpuView {
 #[template(path = "admin/fleet.html")]
 pub struct FleetPage {
     ctx: PageCtx,
-    free_slices: u32,
-    stranded_slices: u32,
+    frag: Fragmentation,
     gpus: Vec<GpuView>,
     slice_px: u32,
     csrf: String,
@@ -146,10 +246,14 @@ pub async fn fleet(
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
     user.require_admin()?;
-    let gpus: Vec<GpuView> = db::fleet::list(&state.pool)
-        .await?
+    let list = db::fleet::list(&state.pool).await?;
+    let frag = fragmentation(&state.pool, &list).await?;
+    let gpus: Vec<GpuView> = list
         .into_iter()
-        .map(view)
+        .map(|g| {
+            let f = frag.by_gpu.get(&g.id).copied().unwrap_or_default();
+            view(g, f)
+        })
         .collect();
     let ctx = PageCtx::new(&session, Some(&user)).await?;
     // htmx polls the table alone; a normal request gets the whole page.
@@ -161,13 +265,8 @@ pub async fn fleet(
         }
         .into_response());
     }
-    let (free_slices, stranded_slices) = gpus.iter().fold((0, 0), |(f, s), v| {
-        let (vf, vs) = slice_use(&v.gpu);
-        (f + vf, s + vs)
-    });
     Ok(FleetPage {
-        free_slices,
-        stranded_slices,
+        frag,
         csrf: ctx.csrf.clone(),
         ctx,
         gpus,

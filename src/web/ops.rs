@@ -149,31 +149,66 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     );
     let _ = writeln!(body, "# TYPE gpuslice_db_pool_connections gauge");
     let _ = writeln!(body, "gpuslice_db_pool_connections {}", pool.size());
-    // Fragmentation, the product's headline: free MIG memory slices and
-    // those no profile can use.
+    // Fragmentation, the product's headline: per GPU and for the fleet.
     if let Ok(gpus) = db::fleet::list(pool).await {
-        let mut free_lines = String::new();
-        let mut stranded_lines = String::new();
-        for g in gpus.iter().filter(|g| g.mig_current) {
-            let (free, stranded) = super::fleet::slice_use(g);
-            let labels = format!(
-                "node=\"{}\",gpu=\"{}\",model=\"{}\"",
-                escape(&g.node),
-                g.idx,
-                escape(&g.model)
-            );
-            let _ = writeln!(free_lines, "gpuslice_mig_free_slices{{{labels}}} {free}");
+        if let Ok(frag) = super::fleet::fragmentation(pool, &gpus).await {
+            let mut free = String::new();
+            let mut stranded = String::new();
+            let mut mix = String::new();
+            let mut share = String::new();
+            for g in &gpus {
+                let Some(f) = frag.by_gpu.get(&g.id) else {
+                    continue;
+                };
+                let labels = format!(
+                    "node=\"{}\",gpu=\"{}\",model=\"{}\"",
+                    escape(&g.node),
+                    g.idx,
+                    escape(&g.model)
+                );
+                if let Some(v) = f.share_fraction {
+                    let _ = writeln!(share, "gpuslice_share_fragmentation_ratio{{{labels}}} {v}");
+                } else if g.mig_current {
+                    let _ = writeln!(
+                        free,
+                        "gpuslice_mig_free_slices{{{labels}}} {}",
+                        f.free_slices
+                    );
+                    let _ = writeln!(
+                        stranded,
+                        "gpuslice_mig_stranded_slices{{{labels}}} {}",
+                        f.stranded
+                    );
+                    let _ = writeln!(
+                        mix,
+                        "gpuslice_mig_fragmentation_slices{{{labels}}} {}",
+                        f.mix_slices
+                    );
+                }
+            }
+            for (name, help, kind, lines) in [
+                ("gpuslice_mig_free_slices", "Free MIG memory slices per GPU.", "gauge", &free),
+                ("gpuslice_mig_stranded_slices", "Free MIG memory slices that no profile can use, per GPU.", "gauge", &stranded),
+                ("gpuslice_mig_fragmentation_slices", "MIG memory slices the asked profiles can no longer reach, weighted by how often each is asked for, per GPU.", "gauge", &mix),
+                ("gpuslice_share_fragmentation_ratio", "Part of a time-sliced GPU the asked share sizes cannot use (FGD), per GPU.", "gauge", &share),
+            ] {
+                let _ = writeln!(body, "# HELP {name} {help}");
+                let _ = writeln!(body, "# TYPE {name} {kind}");
+                body.push_str(lines);
+            }
+            let _ = writeln!(body, "# HELP gpuslice_fleet_fragmentation_ratio Fragmentation of the fleet: MIG slices the asked profiles cannot reach over all MIG slices; time-sliced capacity the asked shares cannot use over all time-sliced GPUs.");
+            let _ = writeln!(body, "# TYPE gpuslice_fleet_fragmentation_ratio gauge");
             let _ = writeln!(
-                stranded_lines,
-                "gpuslice_mig_stranded_slices{{{labels}}} {stranded}"
+                body,
+                "gpuslice_fleet_fragmentation_ratio{{kind=\"mig\"}} {}",
+                frag.mig_ratio()
+            );
+            let _ = writeln!(
+                body,
+                "gpuslice_fleet_fragmentation_ratio{{kind=\"timeslice\"}} {}",
+                frag.share_ratio()
             );
         }
-        body.push_str("# HELP gpuslice_mig_free_slices Free MIG memory slices per GPU.\n");
-        body.push_str("# TYPE gpuslice_mig_free_slices gauge\n");
-        body.push_str(&free_lines);
-        body.push_str("# HELP gpuslice_mig_stranded_slices Free MIG memory slices that no profile can use, per GPU.\n");
-        body.push_str("# TYPE gpuslice_mig_stranded_slices gauge\n");
-        body.push_str(&stranded_lines);
     }
     (
         [(
