@@ -635,9 +635,13 @@ fn bench_mig(
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
         let stream = mig::stream(pods, seed, speedup).map_err(|e| anyhow!(e))?;
         let mut base = None;
-        for p in MigPolicy::ALL {
+        let runs = MigPolicy::ALL.into_iter().map(Some).chain([None]);
+        for p in runs {
             let started = std::time::Instant::now();
-            let r = mig::run(&stream, gpus, p);
+            let r = match p {
+                Some(p) => mig::run(&stream, gpus, p),
+                None => mig::run_repack(&stream, gpus),
+            };
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(

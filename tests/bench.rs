@@ -166,7 +166,8 @@ fn latency_and_mig_benchmarks_run_small() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4, "three policies and the repack reference");
+    assert_eq!(rows[3]["result"]["policy"], "repack-reference");
     for r in rows {
         let r = &r["result"];
         assert_eq!(r["requests"], 360, "300 tasks, 60 of them two GPUs");

@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::gpu::catalog;
+use crate::gpu::mig::Existing;
 use crate::placement::mig::{
     place, stranded_slices, Booked, MigGpu, MigPolicy, ProfileMix, Window,
 };
@@ -133,6 +134,20 @@ pub struct MigResult {
     pub mean_stranded_slices: f64,
 }
 
+/// The stream's own profile mix.
+fn mix_of(requests: &[Request]) -> ProfileMix {
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for r in requests {
+        *counts.entry(r.profile).or_default() += 1;
+    }
+    ProfileMix(
+        counts
+            .iter()
+            .map(|(p, n)| (p.to_string(), *n as f64 / requests.len().max(1) as f64))
+            .collect(),
+    )
+}
+
 /// Replays the stream on `gpus` H100-80GB under `policy`.
 pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
     let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
@@ -142,16 +157,7 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
             bookings: Vec::new(),
         })
         .collect();
-    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-    for r in requests {
-        *counts.entry(r.profile).or_default() += 1;
-    }
-    let mix = ProfileMix(
-        counts
-            .iter()
-            .map(|(p, n)| (p.to_string(), *n as f64 / requests.len().max(1) as f64))
-            .collect(),
-    );
+    let mix = mix_of(requests);
     let mut accepted = 0;
     let mut served = 0.0;
     let mut stranded_sum = 0.0;
@@ -204,5 +210,104 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
         acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
         served_slice_hours: served,
         mean_stranded_slices: stranded_sum / samples,
+    }
+}
+
+/// A reference no placement policy can reach, to show the headroom: when a
+/// request does not fit where it is, every live instance may move (as if
+/// MIG instances could migrate) and the lot is packed again, largest
+/// first, each on the first GPU and placement NVIDIA allows. A request is
+/// refused only when that fails too.
+pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
+    let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
+    // Per GPU: (departure, instance).
+    let mut layout: Vec<Vec<(i64, Existing)>> = vec![Vec::new(); gpus];
+    let first_fit = |layout: &[Vec<(i64, Existing)>], pid: u32| {
+        layout.iter().enumerate().find_map(|(i, g)| {
+            let present: Vec<Existing> = g.iter().map(|e| e.1).collect();
+            crate::gpu::mig::free_placements(model, &present, pid)
+                .first()
+                .map(|pl| (i, *pl))
+        })
+    };
+    let mix = mix_of(requests);
+    let mut accepted = 0;
+    let mut served = 0.0;
+    let mut stranded_sum = 0.0;
+    for (k, r) in requests.iter().enumerate() {
+        if k % 50 == 0 {
+            let s: u32 = layout
+                .iter()
+                .map(|g| {
+                    let present: Vec<Existing> = g.iter().map(|e| e.1).collect();
+                    stranded_slices(model, &present, &mix)
+                })
+                .sum();
+            stranded_sum += f64::from(s);
+        }
+        for g in layout.iter_mut() {
+            g.retain(|e| e.0 > r.arrive);
+        }
+        let Some(p) = model.profile(r.profile) else {
+            continue;
+        };
+        let depart = r.depart.max(r.arrive + 1);
+        let placed = match first_fit(&layout, p.nvml_id) {
+            Some((i, pl)) => {
+                layout[i].push((
+                    depart,
+                    Existing {
+                        profile_id: p.nvml_id,
+                        placement: pl,
+                    },
+                ));
+                true
+            }
+            None => {
+                let mut all: Vec<(i64, u32)> = layout
+                    .iter()
+                    .flatten()
+                    .map(|e| (e.0, e.1.profile_id))
+                    .chain(std::iter::once((depart, p.nvml_id)))
+                    .collect();
+                let size = |pid: u32| {
+                    model
+                        .profile_by_id(pid)
+                        .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
+                };
+                all.sort_by_key(|e| std::cmp::Reverse(size(e.1)));
+                let mut fresh: Vec<Vec<(i64, Existing)>> = vec![Vec::new(); gpus];
+                let fits = all.iter().all(|&(d, pid)| match first_fit(&fresh, pid) {
+                    Some((i, pl)) => {
+                        fresh[i].push((
+                            d,
+                            Existing {
+                                profile_id: pid,
+                                placement: pl,
+                            },
+                        ));
+                        true
+                    }
+                    None => false,
+                });
+                if fits {
+                    layout = fresh;
+                }
+                fits
+            }
+        };
+        if placed {
+            accepted += 1;
+            served += f64::from(p.compute_slices) * (depart - r.arrive) as f64 / 3600.0;
+        }
+    }
+    MigResult {
+        policy: "repack-reference".to_string(),
+        gpus,
+        requests: requests.len(),
+        accepted,
+        acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
+        served_slice_hours: served,
+        mean_stranded_slices: stranded_sum / requests.len().div_ceil(50).max(1) as f64,
     }
 }
