@@ -397,7 +397,12 @@ mod tests {
         /// Shares never exceed a GPU's memory or its share limit at any
         /// moment, and whole GPUs are never shared.
         #[test]
-        fn shares_respect_memory_and_limits(reqs in proptest::collection::vec((1u32..40, 0i64..12, 1i64..6, any::<bool>()), 1..80)) {
+        fn shares_respect_memory_and_limits(
+            reqs in proptest::collection::vec((1u32..40, 0i64..12, 1i64..6, any::<bool>()), 1..80),
+            asked in proptest::collection::vec((1i32..48, 0i64..30), 0..6),
+        ) {
+            // Any asked sizes steer where shares go, never whether they fit.
+            let shapes = ShareShapes::from_counts(&asked);
             let mut g = vec![l40s(0), l40s(0), l40s(1)];
             for (mem, start, len, whole) in reqs {
                 let w = Window { start: start * 600, end: (start + len) * 600 };
@@ -406,7 +411,7 @@ mod tests {
                         let gib = g[v[0]].memory_gib;
                         g[v[0]].held.push(Held { memory_gib: gib, exclusive: true, window: w });
                     }
-                } else if let Ok(i) = place_share(&g, f64::from(mem), None, w, &one_gib()) {
+                } else if let Ok(i) = place_share(&g, f64::from(mem), None, w, &shapes) {
                     g[i].held.push(Held { memory_gib: f64::from(mem), exclusive: false, window: w });
                 }
             }
