@@ -258,7 +258,7 @@ pub fn place(
 }
 
 /// One booking in the fleet's time index: its window, its GPU and its
-/// instance packed as in [`state_key`].
+/// instance packed as in [`key_of`].
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     start: i64,
@@ -449,23 +449,6 @@ pub fn default_mix(model: &Model) -> ProfileMix {
         .collect();
     let w = 1.0 / names.len().max(1) as f64;
     ProfileMix(names.iter().map(|p| (p.name.clone(), w)).collect())
-}
-
-/// Stranded slices of a GPU from its instances as (profile name, start).
-pub fn stranded_for(model: &Model, instances: &[(String, u8)], mix: &ProfileMix) -> u32 {
-    let present: Vec<Existing> = instances
-        .iter()
-        .filter_map(|(name, start)| {
-            model.profile(name).map(|p| Existing {
-                profile_id: p.nvml_id,
-                placement: Placement {
-                    start: *start,
-                    size: p.memory_slices,
-                },
-            })
-        })
-        .collect();
-    stranded_slices(model, &present, mix)
 }
 
 fn best_slot(

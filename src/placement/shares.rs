@@ -69,27 +69,24 @@ impl ShareShapes {
 /// size that does not, or any size once the share limit is reached, cannot).
 /// A GPU held whole has nothing free.
 pub fn fragmentation(g: &SharedGpu, w: Window, shapes: &ShareShapes) -> f64 {
-    let mut used = 0.0;
-    let mut count = 0;
-    for h in g.overlapping(w) {
-        if h.exclusive {
-            return 0.0;
-        }
-        used += h.memory_gib;
-        count += 1;
-    }
+    g.usage(w)
+        .map_or(0.0, |(used, count)| unusable(g, used, count, shapes))
+}
+
+/// FGD's fragmentation of `g` with `used` GiB booked by `count` shares.
+fn unusable(g: &SharedGpu, used: f64, count: u32, shapes: &ShareShapes) -> f64 {
     let free = (g.memory_gib - used).max(0.0);
     if g.memory_gib <= 0.0 || free <= 0.0 {
         return 0.0;
     }
     let slot = count < g.max_shares;
-    let unusable: f64 = shapes
+    let weight: f64 = shapes
         .0
         .iter()
         .filter(|(gib, _)| !slot || *gib > free)
         .map(|(_, w)| w)
         .sum();
-    unusable * free / g.memory_gib
+    weight * free / g.memory_gib
 }
 
 impl SharedGpu {
@@ -97,8 +94,9 @@ impl SharedGpu {
         self.held.iter().filter(move |h| h.window.overlaps(w))
     }
 
-    /// Memory left for a new share over `w`, if a share fits at all.
-    fn room_for_share(&self, w: Window) -> Option<f64> {
+    /// Memory booked over `w` and by how many shares; None when the GPU
+    /// is held whole.
+    fn usage(&self, w: Window) -> Option<(f64, u32)> {
         let mut used = 0.0;
         let mut count = 0;
         for h in self.overlapping(w) {
@@ -108,6 +106,12 @@ impl SharedGpu {
             used += h.memory_gib;
             count += 1;
         }
+        Some((used, count))
+    }
+
+    /// Memory left for a new share over `w`, if a share fits at all.
+    fn room_for_share(&self, w: Window) -> Option<f64> {
+        let (used, count) = self.usage(w)?;
         (count < self.max_shares).then_some(self.memory_gib - used)
     }
 
@@ -146,26 +150,21 @@ fn pick_share(
     // FGD: the GPU whose fragmentation grows least; among equals best fit,
     // the GPU left with the least memory (packs, keeping other GPUs free for
     // large shares); then the first.
-    let key = |i: usize, g: &SharedGpu, room: f64| {
-        let before = fragmentation(g, w, shapes);
-        let mut after = g.clone();
-        after.held.push(Held {
-            memory_gib,
-            exclusive: false,
-            window: w,
-        });
+    let key = |i: usize, g: &SharedGpu, (used, count): (f64, u32)| {
+        let before = unusable(g, used, count, shapes);
+        let after = unusable(g, used + memory_gib, count + 1, shapes);
         // Rounded to 1/1000 of a GPU, so that float noise cannot outrank
         // the best fit.
-        let growth = ((fragmentation(&after, w, shapes) - before) * 1000.0).round();
-        (growth, room - memory_gib, i)
+        let growth = ((after - before) * 1000.0).round();
+        (growth, g.memory_gib - used - memory_gib, i)
     };
     gpus.iter()
         .enumerate()
         .filter(|(_, g)| model_ok(g, model))
         .filter_map(|(i, g)| {
-            g.room_for_share(w)
-                .filter(|&room| room >= memory_gib)
-                .map(|room| key(i, g, room))
+            let (used, count) = g.usage(w)?;
+            (count < g.max_shares && g.memory_gib - used >= memory_gib)
+                .then(|| key(i, g, (used, count)))
         })
         .min_by(|a, b| {
             a.0.total_cmp(&b.0)
