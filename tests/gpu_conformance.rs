@@ -408,6 +408,30 @@ fn a_restart_finds_the_instances_it_left() {
 }
 
 #[test]
+fn two_processes_on_one_simulated_node_see_the_same_hardware() {
+    // Two backends on one state file stand for two processes (a worker and
+    // a second one waiting for the node's lock, or a tool): what one
+    // creates, the other sees, and the other's reads never write back a
+    // stale copy.
+    let dir = std::env::temp_dir().join(format!("gpuslice-sim-shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = sim(Some(&dir));
+    let b = sim(Some(&dir));
+    let g = gpu(&a, "H100-80GB").uuid;
+    let made = a.create_instance(&g, 9, pl(4, 4)).unwrap();
+    b.telemetry(&g).unwrap();
+    b.inventory().unwrap();
+    assert_eq!(a.instances(&g).unwrap(), vec![made.clone()]);
+    assert_eq!(b.instances(&g).unwrap(), vec![made]);
+    // The rules hold across them: b cannot take a's slots.
+    assert!(b.create_instance(&g, 9, pl(4, 4)).is_err());
+    b.create_instance(&g, 9, pl(0, 4)).unwrap();
+    assert_eq!(a.instances(&g).unwrap().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn sim_errors_name_the_rule() {
     let b = sim(None);
     let g = gpu(&b, "H100-80GB").uuid;

@@ -89,6 +89,20 @@ pub struct SimBackend {
     faults: Mutex<Faults>,
 }
 
+/// The hardware keeps what it had, for the GPUs that still exist with the
+/// same model.
+fn merge(gpus: &mut [SimGpu], saved: &State) {
+    for g in gpus {
+        if let Some(old) = saved
+            .gpus
+            .iter()
+            .find(|o| o.uuid == g.uuid && o.model == g.model)
+        {
+            *g = old.clone();
+        }
+    }
+}
+
 /// A stable GPU uuid for a node's GPU index, in NVIDIA's `GPU-` form.
 pub fn gpu_uuid(node: &str, index: u32) -> String {
     let h = Sha256::digest(format!("gpuslice-sim/{node}/{index}").as_bytes());
@@ -144,17 +158,7 @@ impl SimBackend {
                         .unwrap_or_default()
                 )
             })?;
-            // The hardware keeps what it had, for the GPUs that still exist
-            // with the same model.
-            for g in &mut gpus {
-                if let Some(old) = saved
-                    .gpus
-                    .iter()
-                    .find(|o| o.uuid == g.uuid && o.model == g.model)
-                {
-                    *g = old.clone();
-                }
-            }
+            merge(&mut gpus, &saved);
         }
         Ok(SimBackend {
             node: node.to_string(),
@@ -255,26 +259,27 @@ impl SimBackend {
         pid: u32,
         used_memory_mib: u64,
     ) -> Result<(), BackendError> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let proc_ = GpuProcess {
             pid,
             used_memory_mib,
         };
-        for g in &mut state.gpus {
-            if g.uuid == device_uuid {
-                g.processes.push(proc_);
-                return self.save(&state);
+        self.access(true, |state| {
+            for g in &mut state.gpus {
+                if g.uuid == device_uuid {
+                    g.processes.push(proc_);
+                    return Ok(());
+                }
+                if let Some(i) = g
+                    .instances
+                    .iter_mut()
+                    .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
+                {
+                    i.processes.push(proc_);
+                    return Ok(());
+                }
             }
-            if let Some(i) = g
-                .instances
-                .iter_mut()
-                .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
-            {
-                i.processes.push(proc_);
-                return self.save(&state);
-            }
-        }
-        Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+            Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+        })
     }
 
     /// Applies the injected delay; returns the GPUs now lost.
@@ -289,8 +294,48 @@ impl SimBackend {
         lost
     }
 
-    fn with_gpu<T>(
+    /// Runs `f` on the state as the hardware holds it now. With a state
+    /// file, the file is the hardware: several processes may drive one
+    /// simulated node (as several tools share one real GPU), so the file is
+    /// read again under an exclusive lock before `f`, and written back after
+    /// it when `write` (and `f` succeeded).
+    fn access<T>(
         &self,
+        write: bool,
+        f: impl FnOnce(&mut State) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let _held = match &self.path {
+            Some(path) => {
+                let lock = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(path.with_extension("lock"))
+                    .and_then(|f| f.lock().map(|_| f))
+                    .map_err(|e| {
+                        BackendError::Driver(format!("cannot lock simulated GPU state: {e}"))
+                    })?;
+                if let Some(saved) = std::fs::read(path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<State>(&b).ok())
+                {
+                    merge(&mut state.gpus, &saved);
+                }
+                Some(lock)
+            }
+            None => None,
+        };
+        let out = f(&mut state)?;
+        if write {
+            self.save(&state)?;
+        }
+        Ok(out)
+    }
+
+    fn gpu<T>(
+        &self,
+        write: bool,
         gpu_uuid: &str,
         f: impl FnOnce(&mut SimGpu) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
@@ -298,15 +343,32 @@ impl SimBackend {
         if lost.contains(gpu_uuid) {
             return Err(BackendError::GpuLost(gpu_uuid.to_string()));
         }
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let g = state
-            .gpus
-            .iter_mut()
-            .find(|g| g.uuid == gpu_uuid)
-            .ok_or_else(|| BackendError::NoSuchGpu(gpu_uuid.to_string()))?;
-        let out = f(g)?;
-        self.save(&state)?;
-        Ok(out)
+        self.access(write, |state| {
+            let g = state
+                .gpus
+                .iter_mut()
+                .find(|g| g.uuid == gpu_uuid)
+                .ok_or_else(|| BackendError::NoSuchGpu(gpu_uuid.to_string()))?;
+            f(g)
+        })
+    }
+
+    /// Changes one GPU.
+    fn with_gpu<T>(
+        &self,
+        gpu_uuid: &str,
+        f: impl FnOnce(&mut SimGpu) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.gpu(true, gpu_uuid, f)
+    }
+
+    /// Reads one GPU.
+    fn read_gpu<T>(
+        &self,
+        gpu_uuid: &str,
+        f: impl FnOnce(&SimGpu) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.gpu(false, gpu_uuid, |g| f(g))
     }
 
     /// Writes the state atomically (temporary file, then rename), so a crash
@@ -347,28 +409,29 @@ impl GpuBackend for SimBackend {
 
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
         let lost = self.pause();
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(state
-            .gpus
-            .iter()
-            .filter(|g| !lost.contains(&g.uuid))
-            .map(|g| {
-                let model = catalog::model(&g.model);
-                GpuInfo {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    model: model.map(|m| m.id.to_string()),
-                    product: format!("Simulated {}", g.model),
-                    memory_mib: model.map(|m| (m.memory_gib * 1024.0) as u64).unwrap_or(0),
-                    mig_current: g.mig_current,
-                    mig_pending: g.mig_pending,
-                }
-            })
-            .collect())
+        self.access(false, |state| {
+            Ok(state
+                .gpus
+                .iter()
+                .filter(|g| !lost.contains(&g.uuid))
+                .map(|g| {
+                    let model = catalog::model(&g.model);
+                    GpuInfo {
+                        index: g.index,
+                        uuid: g.uuid.clone(),
+                        model: model.map(|m| m.id.to_string()),
+                        product: format!("Simulated {}", g.model),
+                        memory_mib: model.map(|m| (m.memory_gib * 1024.0) as u64).unwrap_or(0),
+                        mig_current: g.mig_current,
+                        mig_pending: g.mig_pending,
+                    }
+                })
+                .collect())
+        })
     }
 
     fn instances(&self, gpu_uuid: &str) -> Result<Vec<Instance>, BackendError> {
-        self.with_gpu(gpu_uuid, |g| {
+        self.read_gpu(gpu_uuid, |g| {
             let mut list: Vec<Instance> = g.instances.iter().map(|i| to_instance(g, i)).collect();
             list.sort_by_key(|i| i.placement.start);
             Ok(list)
@@ -429,7 +492,7 @@ impl GpuBackend for SimBackend {
         gi_id: u32,
         grace: Duration,
     ) -> Result<Vec<GpuProcess>, BackendError> {
-        let holders = self.with_gpu(gpu_uuid, |g| {
+        let holders = self.read_gpu(gpu_uuid, |g| {
             let i = g
                 .instances
                 .iter()
@@ -450,28 +513,29 @@ impl GpuBackend for SimBackend {
 
     fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {
         let lost = self.pause();
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for g in &state.gpus {
-            if g.uuid == device_uuid {
-                if lost.contains(&g.uuid) {
-                    return Err(BackendError::GpuLost(g.uuid.clone()));
+        self.access(false, |state| {
+            for g in &state.gpus {
+                if g.uuid == device_uuid {
+                    if lost.contains(&g.uuid) {
+                        return Err(BackendError::GpuLost(g.uuid.clone()));
+                    }
+                    let mut all = g.processes.clone();
+                    all.extend(g.instances.iter().flat_map(|i| i.processes.clone()));
+                    return Ok(all);
                 }
-                let mut all = g.processes.clone();
-                all.extend(g.instances.iter().flat_map(|i| i.processes.clone()));
-                return Ok(all);
-            }
-            if let Some(i) = g
-                .instances
-                .iter()
-                .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
-            {
-                if lost.contains(&g.uuid) {
-                    return Err(BackendError::GpuLost(g.uuid.clone()));
+                if let Some(i) = g
+                    .instances
+                    .iter()
+                    .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
+                {
+                    if lost.contains(&g.uuid) {
+                        return Err(BackendError::GpuLost(g.uuid.clone()));
+                    }
+                    return Ok(i.processes.clone());
                 }
-                return Ok(i.processes.clone());
             }
-        }
-        Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+            Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+        })
     }
 
     /// The simulated node resets an idle GPU right away, so the new mode
@@ -482,7 +546,7 @@ impl GpuBackend for SimBackend {
     }
 
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
-        self.with_gpu(gpu_uuid, |g| {
+        self.read_gpu(gpu_uuid, |g| {
             let model = catalog::model(&g.model);
             let procs: Vec<&GpuProcess> = g
                 .processes
