@@ -174,7 +174,7 @@ fn latency_and_mig_benchmarks_run_small() {
         assert!(r["accepted"].as_u64().unwrap() <= 360);
         assert!(r["served_slice_hours"].as_f64().unwrap() > 0.0);
     }
-    // Faster arrivals on the same fleet: more load, no more work served.
+    // Faster arrivals on the same fleet: more load, no more requests accepted.
     let fast = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .args([
             "bench",

@@ -16,7 +16,7 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::gpu::catalog;
+use crate::gpu::catalog::{self, Placement};
 use crate::gpu::mig::Existing;
 use crate::placement::mig::{
     place, stranded_slices, Booked, MigGpu, MigPolicy, ProfileMix, Window,
@@ -150,6 +150,77 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
 
 /// Replays the stream on `gpus` H100-80GB under `policy`.
 pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
+    replay(requests, gpus, policy.name(), |fleet, booking, mix| {
+        place_on(fleet, booking, policy, mix)
+    })
+}
+
+/// A reference no placement policy can reach, to show the headroom: when a
+/// request does not fit where it is, every live instance may move (as if
+/// MIG instances could migrate) and the lot is packed again, largest
+/// first, each on the first GPU and placement NVIDIA allows. A request is
+/// refused only when that fails too.
+pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
+    replay(requests, gpus, "repack-reference", |fleet, booking, mix| {
+        if place_on(fleet, booking, MigPolicy::FirstFit, mix) {
+            return true;
+        }
+        let mut all: Vec<Booked> = fleet.iter().flat_map(|g| g.bookings.clone()).collect();
+        all.push(booking);
+        let size = |b: &Booked| {
+            fleet[0]
+                .model
+                .profile_by_id(b.profile_id)
+                .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
+        };
+        all.sort_by_key(|b| std::cmp::Reverse(size(b)));
+        let mut fresh: Vec<MigGpu> = fleet
+            .iter()
+            .map(|g| MigGpu {
+                model: g.model,
+                bookings: Vec::new(),
+            })
+            .collect();
+        let fits = all
+            .into_iter()
+            .all(|b| place_on(&mut fresh, b, MigPolicy::FirstFit, mix));
+        if fits {
+            *fleet = fresh;
+        }
+        fits
+    })
+}
+
+/// Places `booking` (its profile and window; the placement is chosen) on
+/// the fleet by `policy`; false when it does not fit.
+fn place_on(fleet: &mut [MigGpu], booking: Booked, policy: MigPolicy, mix: &ProfileMix) -> bool {
+    let Some(p) = fleet
+        .first()
+        .and_then(|g| g.model.profile_by_id(booking.profile_id))
+    else {
+        return false;
+    };
+    match place(fleet, &p.name, None, booking.window, policy, mix) {
+        Ok((i, placement)) => {
+            fleet[i].bookings.push(Booked {
+                placement,
+                ..booking
+            });
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The replay loop: departures leave, each arrival is offered to `decide`
+/// (which places it on the fleet or refuses it), served work and stranded
+/// slices are counted.
+fn replay(
+    requests: &[Request],
+    gpus: usize,
+    name: &str,
+    mut decide: impl FnMut(&mut Vec<MigGpu>, Booked, &ProfileMix) -> bool,
+) -> MigResult {
     let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
     let mut fleet: Vec<MigGpu> = (0..gpus)
         .map(|_| MigGpu {
@@ -165,32 +236,33 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
         for g in fleet.iter_mut() {
             g.bookings.retain(|b| b.window.end > r.arrive);
         }
-        let w = Window {
+        let window = Window {
             start: r.arrive,
             end: r.depart.max(r.arrive + 1),
         };
-        if let Ok((i, pl)) = place(&fleet, r.profile, None, w, policy, &mix) {
-            let pid = model.profile(r.profile).map(|p| p.nvml_id).unwrap_or(0);
-            fleet[i].bookings.push(Booked {
-                profile_id: pid,
-                placement: pl,
-                window: w,
-            });
-            accepted += 1;
-            let slices = model
-                .profile(r.profile)
-                .map_or(0, |p| u32::from(p.compute_slices));
-            served += f64::from(slices) * w.len() as f64 / 3600.0;
+        if let Some(p) = model.profile(r.profile) {
+            let booking = Booked {
+                profile_id: p.nvml_id,
+                placement: Placement {
+                    start: 0,
+                    size: p.memory_slices,
+                },
+                window,
+            };
+            if decide(&mut fleet, booking, &mix) {
+                accepted += 1;
+                served += f64::from(p.compute_slices) * window.len() as f64 / 3600.0;
+            }
         }
         // Sample stranding every 50 arrivals (it costs a pass over the fleet).
         if k % 50 == 0 {
             let s: u32 = fleet
                 .iter()
                 .map(|g| {
-                    let present: Vec<_> = g
+                    let present: Vec<Existing> = g
                         .bookings
                         .iter()
-                        .map(|b| crate::gpu::mig::Existing {
+                        .map(|b| Existing {
                             profile_id: b.profile_id,
                             placement: b.placement,
                         })
@@ -203,111 +275,12 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
     }
     let samples = requests.len().div_ceil(50).max(1) as f64;
     MigResult {
-        policy: policy.name().to_string(),
+        policy: name.to_string(),
         gpus,
         requests: requests.len(),
         accepted,
         acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
         served_slice_hours: served,
         mean_stranded_slices: stranded_sum / samples,
-    }
-}
-
-/// A reference no placement policy can reach, to show the headroom: when a
-/// request does not fit where it is, every live instance may move (as if
-/// MIG instances could migrate) and the lot is packed again, largest
-/// first, each on the first GPU and placement NVIDIA allows. A request is
-/// refused only when that fails too.
-pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
-    let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
-    // Per GPU: (departure, instance).
-    let mut layout: Vec<Vec<(i64, Existing)>> = vec![Vec::new(); gpus];
-    let first_fit = |layout: &[Vec<(i64, Existing)>], pid: u32| {
-        layout.iter().enumerate().find_map(|(i, g)| {
-            let present: Vec<Existing> = g.iter().map(|e| e.1).collect();
-            crate::gpu::mig::free_placements(model, &present, pid)
-                .first()
-                .map(|pl| (i, *pl))
-        })
-    };
-    let mix = mix_of(requests);
-    let mut accepted = 0;
-    let mut served = 0.0;
-    let mut stranded_sum = 0.0;
-    for (k, r) in requests.iter().enumerate() {
-        if k % 50 == 0 {
-            let s: u32 = layout
-                .iter()
-                .map(|g| {
-                    let present: Vec<Existing> = g.iter().map(|e| e.1).collect();
-                    stranded_slices(model, &present, &mix)
-                })
-                .sum();
-            stranded_sum += f64::from(s);
-        }
-        for g in layout.iter_mut() {
-            g.retain(|e| e.0 > r.arrive);
-        }
-        let Some(p) = model.profile(r.profile) else {
-            continue;
-        };
-        let depart = r.depart.max(r.arrive + 1);
-        let placed = match first_fit(&layout, p.nvml_id) {
-            Some((i, pl)) => {
-                layout[i].push((
-                    depart,
-                    Existing {
-                        profile_id: p.nvml_id,
-                        placement: pl,
-                    },
-                ));
-                true
-            }
-            None => {
-                let mut all: Vec<(i64, u32)> = layout
-                    .iter()
-                    .flatten()
-                    .map(|e| (e.0, e.1.profile_id))
-                    .chain(std::iter::once((depart, p.nvml_id)))
-                    .collect();
-                let size = |pid: u32| {
-                    model
-                        .profile_by_id(pid)
-                        .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
-                };
-                all.sort_by_key(|e| std::cmp::Reverse(size(e.1)));
-                let mut fresh: Vec<Vec<(i64, Existing)>> = vec![Vec::new(); gpus];
-                let fits = all.iter().all(|&(d, pid)| match first_fit(&fresh, pid) {
-                    Some((i, pl)) => {
-                        fresh[i].push((
-                            d,
-                            Existing {
-                                profile_id: pid,
-                                placement: pl,
-                            },
-                        ));
-                        true
-                    }
-                    None => false,
-                });
-                if fits {
-                    layout = fresh;
-                }
-                fits
-            }
-        };
-        if placed {
-            accepted += 1;
-            served += f64::from(p.compute_slices) * (depart - r.arrive) as f64 / 3600.0;
-        }
-    }
-    MigResult {
-        policy: "repack-reference".to_string(),
-        gpus,
-        requests: requests.len(),
-        accepted,
-        acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
-        served_slice_hours: served,
-        mean_stranded_slices: stranded_sum / requests.len().div_ceil(50).max(1) as f64,
     }
 }

@@ -278,7 +278,7 @@ pub struct MigFleet<'a> {
     /// The distinct models (by address; the catalog's are statics) and each
     /// GPU's index into them.
     models: Vec<&'static Model>,
-    model_of: Vec<u8>,
+    model_of: Vec<usize>,
 }
 
 impl<'a> MigFleet<'a> {
@@ -295,7 +295,7 @@ impl<'a> MigFleet<'a> {
                     models.len() - 1
                 }
             };
-            model_of.push(m.min(255) as u8);
+            model_of.push(m);
             for b in &g.bookings {
                 longest = longest.max(b.window.len());
                 by_start.push(Entry {
@@ -336,6 +336,12 @@ impl<'a> MigFleet<'a> {
         policy: MigPolicy,
         mix: &ProfileMix,
     ) -> Result<(usize, Placement), Refusal> {
+        if window.is_empty() {
+            return Err(Refusal {
+                reason: "the booking window is empty".into(),
+                earliest_start: None,
+            });
+        }
         let gpus = self.gpus;
         if let Some(found) = best_slot(self, profile, model, window, policy, mix) {
             return Ok(found);
@@ -471,7 +477,7 @@ fn best_slot(
                 .flatten()
         })
         .collect();
-    let profile_of = |i: usize| profiles[usize::from(fleet.model_of[i])];
+    let profile_of = |i: usize| profiles[fleet.model_of[i]];
     if policy == MigPolicy::FirstFit {
         for (i, g) in gpus.iter().enumerate() {
             let Some(p) = profile_of(i) else { continue };
@@ -510,9 +516,7 @@ fn best_slot(
         }
         match key_of(&mut items[g], count[g]) {
             Some(key) => {
-                let first = first_of
-                    .entry((usize::from(fleet.model_of[g]), key))
-                    .or_insert(g);
+                let first = first_of.entry((fleet.model_of[g], key)).or_insert(g);
                 *first = (*first).min(g);
             }
             // Too many to key: evaluated on its own.
@@ -527,7 +531,7 @@ fn best_slot(
         if left == 0 {
             break;
         }
-        let m = usize::from(fleet.model_of[g]);
+        let m = fleet.model_of[g];
         if c == 0 && profiles[m].is_some() && !empty_found[m] {
             empty_found[m] = true;
             left -= 1;
@@ -673,6 +677,14 @@ mod tests {
         .is_ok());
         let r = place(&g, "9g.90gb", None, W, MigPolicy::Gpuslice, &mix()).unwrap_err();
         assert!(r.reason.contains("no GPU offers the profile 9g.90gb"));
+        let empty = Window {
+            start: 600,
+            end: 600,
+        };
+        for policy in MigPolicy::ALL {
+            let r = place(&g, "1g.10gb", None, empty, policy, &mix()).unwrap_err();
+            assert_eq!(r.reason, "the booking window is empty");
+        }
     }
 
     #[test]
