@@ -4,13 +4,12 @@
 
 pub mod bench;
 pub mod booking;
-pub mod cgroup;
 pub mod cli;
 pub mod db;
 pub mod domain;
 pub mod gpu;
 pub mod placement;
-pub mod scheduler;
+pub mod sched;
 pub mod web;
 pub mod worker;
 

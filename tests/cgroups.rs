@@ -7,10 +7,10 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use gpuslice::cgroup::Layout;
 use gpuslice::domain::Priority;
-use gpuslice::scheduler::ShareSpec;
-use gpuslice::worker::timeslice::Enforcer;
+use gpuslice::sched::cgroup::Layout;
+use gpuslice::sched::enforce::Enforcer;
+use gpuslice::sched::scheduler::ShareSpec;
 
 /// The layout with a private prefix, or `None` (and a loud message).
 fn layout(test: &str) -> Option<Layout> {

@@ -89,8 +89,8 @@ impl Node {
         cmd.output().unwrap()
     }
 
-    fn layout(&self) -> Option<gpuslice::cgroup::Layout> {
-        gpuslice::worker::shares::layout_for(&self.name)
+    fn layout(&self) -> Option<gpuslice::sched::cgroup::Layout> {
+        gpuslice::sched::shares::layout_for(&self.name)
     }
 }
 
@@ -360,7 +360,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
     use std::sync::Arc;
     let app = TestApp::spawn().await;
     let name = format!("m{}", std::process::id());
-    let Some(layout) = gpuslice::worker::shares::layout_for(&name) else {
+    let Some(layout) = gpuslice::sched::shares::layout_for(&name) else {
         let why = "not root, or no cgroup freezer under /sys/fs/cgroup";
         if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
             panic!("cgroup test required but {why}");
@@ -407,9 +407,9 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
     let shares = gpuslice::db::bookings::active_shares(&app.pool, &name)
         .await
         .unwrap();
-    let mut memory = gpuslice::worker::shares::Memory::default();
+    let mut memory = gpuslice::sched::shares::Memory::default();
     let grace = Duration::ZERO;
-    gpuslice::worker::shares::watch_memory(
+    gpuslice::sched::shares::watch_memory(
         &app.pool,
         &name,
         &backend,
@@ -420,7 +420,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
     )
     .await;
     assert!(p.0.try_wait().unwrap().is_none(), "warned first, not ended");
-    gpuslice::worker::shares::watch_memory(
+    gpuslice::sched::shares::watch_memory(
         &app.pool,
         &name,
         &backend,

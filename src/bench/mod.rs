@@ -1,5 +1,6 @@
 //! Benchmarks that run from the command line (`gpuslice bench ...`).
 
+pub mod cluster;
 pub mod latency;
 pub mod mig;
 pub mod replay;

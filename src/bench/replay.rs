@@ -16,7 +16,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::placement::cluster::{typical_shapes, Cluster, NodeSpec, Policy, Task};
+use crate::bench::cluster::{typical_shapes, Cluster, NodeSpec, Policy, Task};
 
 /// Load levels of the curves: 0..=130 % of GPU capacity.
 pub const LOAD_POINTS: usize = 131;

@@ -6,10 +6,10 @@
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::Layout;
 use crate::domain::Priority;
-use crate::scheduler::{GpuScheduler, ShareSpec};
-use crate::worker::timeslice::Enforcer;
+use crate::sched::cgroup::Layout;
+use crate::sched::enforce::Enforcer;
+use crate::sched::scheduler::{GpuScheduler, ShareSpec};
 
 fn spec(id: i64, priority: Priority) -> ShareSpec {
     ShareSpec {
@@ -65,7 +65,7 @@ pub fn real_ratio(layout: &Layout, n: usize, secs: u64) -> anyhow::Result<(f64, 
             },
             g.clone(),
         );
-        weights.push(crate::scheduler::base_slice_ms(prio));
+        weights.push(crate::sched::scheduler::base_slice_ms(prio));
         groups.push(g);
     }
     let before: Vec<u64> = groups.iter().map(|g| g.cpu_ns()).collect();

@@ -38,7 +38,7 @@ pub struct Settings {
     pub reconcile_every: u32,
     /// Where booking cgroups live; `None`: no isolation (not root, no
     /// freezer), which the worker says at start.
-    pub cgroups: Option<crate::cgroup::Layout>,
+    pub cgroups: Option<crate::sched::cgroup::Layout>,
     /// Host memory a booking's processes may use, per compute slice (GiB).
     pub host_memory_gib_per_slice: u64,
     /// CPUs a booking's processes may use (`0-7`); `None`: all.

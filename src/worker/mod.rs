@@ -3,10 +3,7 @@
 //! as unhealthy. (Applying bookings, the scheduler and metering build on it.)
 
 pub mod bookings;
-pub mod exec;
 pub mod meter;
-pub mod shares;
-pub mod timeslice;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::cgroup::Group;
-use crate::scheduler::{GpuScheduler, Share, ShareSpec};
+use crate::sched::cgroup::Group;
+use crate::sched::scheduler::{GpuScheduler, Share, ShareSpec};
 
 /// Measures how many milliseconds of a slice of `slice` the processes
 /// `pids` used, from the GPU's own per-process samples; `None`: no samples

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::cgroup::{Group, Layout};
 use crate::db;
 use crate::domain::Priority;
 use crate::gpu::GpuBackend;
-use crate::scheduler::{Share, ShareSpec};
-use crate::worker::timeslice::Enforcer;
+use crate::sched::cgroup::{Group, Layout};
+use crate::sched::enforce::Enforcer;
+use crate::sched::scheduler::{Share, ShareSpec};
 
 /// The cgroup layout of a node's bookings, when this process may manage
 /// cgroups (root, a freezer). Groups live under `gpuslice-<node>`.
@@ -59,18 +59,17 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
     let uuid = gpu.to_string();
     let mut since = now_us();
     // The GPU's own per-process utilisation where NVML samples it.
-    let sampler: crate::worker::timeslice::Sampler =
-        Box::new(move |pids: &[u32], slice: Duration| {
-            let samples = backend.process_utilization(&uuid, since).ok().flatten()?;
-            since = now_us();
-            let sm = samples
-                .iter()
-                .filter(|(pid, _)| pids.contains(pid))
-                .map(|(_, u)| *u)
-                .max()
-                .unwrap_or(0);
-            Some(slice.as_secs_f64() * 1000.0 * f64::from(sm.min(100)) / 100.0)
-        });
+    let sampler: crate::sched::enforce::Sampler = Box::new(move |pids: &[u32], slice: Duration| {
+        let samples = backend.process_utilization(&uuid, since).ok().flatten()?;
+        since = now_us();
+        let sm = samples
+            .iter()
+            .filter(|(pid, _)| pids.contains(pid))
+            .map(|(_, u)| *u)
+            .max()
+            .unwrap_or(0);
+        Some(slice.as_secs_f64() * 1000.0 * f64::from(sm.min(100)) / 100.0)
+    });
     let _ = std::thread::Builder::new().name(name).spawn(move || {
         let mut e = Enforcer::new().with_sampler(sampler);
         let mut published = Instant::now();

@@ -14,8 +14,8 @@ use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::cgroup::Layout;
 use crate::db;
+use crate::sched::cgroup::Layout;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Request {

@@ -1,0 +1,299 @@
+//! The command line's arguments and settings (contract in architecture.md).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuslice",
+    version,
+    about = "Book slices of NVIDIA GPUs: MIG instances and time-sliced shares"
+)]
+pub struct Cli {
+    /// PostgreSQL URL; unset: a private cluster under the data directory.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Folder for the embedded database and local state.
+    #[arg(
+        long,
+        env = "GPUSLICE_DATA_DIR",
+        default_value = "./gpuslice-data",
+        global = true
+    )]
+    pub data_dir: PathBuf,
+    /// Log as JSON lines (for log collectors).
+    #[arg(long, env = "GPUSLICE_LOG_JSON", global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the web application.
+    Serve(ServeArgs),
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Serve with demo tenants and users (prints how to sign in).
+    Demo(ServeArgs),
+    /// Run the worker of one GPU node (inventory and heartbeat).
+    Worker(WorkerArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Read-only check of a real GPU machine: what NVML reports (GPUs, MIG
+    /// mode, profiles with ids, possible placements) next to the catalog.
+    /// Changes no GPU setting. Needs no database.
+    GpuCheck {
+        /// Path of libnvidia-ml (default: the system's).
+        #[arg(long, env = "GPUSLICE_NVML_LIB")]
+        nvml_lib: Option<PathBuf>,
+    },
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Manage users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Run CMD inside an active booking on this GPU node: joins the booking's
+    /// cgroup through the local worker and sets CUDA_VISIBLE_DEVICES.
+    /// Needs no database; exits with CMD's status.
+    Exec {
+        /// The booking's number.
+        booking: i64,
+        /// The local worker's socket (default: <data dir>/exec.sock).
+        #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
+        socket: Option<PathBuf>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "GPUSLICE_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// Mark cookies Secure (serve over HTTPS, e.g. behind a TLS proxy).
+    #[arg(long, env = "GPUSLICE_SECURE_COOKIES")]
+    pub secure_cookies: bool,
+    /// Trust X-Forwarded-For for the client address (behind a proxy only).
+    #[arg(long, env = "GPUSLICE_TRUST_PROXY")]
+    pub trust_proxy: bool,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Serve the web application only, without the in-process worker.
+    #[arg(long)]
+    pub no_worker: bool,
+    /// Minutes of inactivity after which a session ends.
+    #[arg(long, env = "GPUSLICE_SESSION_IDLE_MINUTES", default_value_t = 120)]
+    pub session_idle_minutes: i64,
+    /// Hours after sign-in after which a session ends regardless.
+    #[arg(long, env = "GPUSLICE_SESSION_MAX_HOURS", default_value_t = 12)]
+    pub session_max_hours: i64,
+    /// How many days ahead a booking may start.
+    #[arg(long, env = "GPUSLICE_MAX_AHEAD_DAYS", default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..=3650))]
+    pub max_ahead_days: i64,
+    /// Currency of tariffs and reports (ISO 4217 code, e.g. EUR, USD, CHF).
+    #[arg(long, env = "GPUSLICE_CURRENCY", default_value = "EUR")]
+    pub currency: String,
+}
+
+/// Where the GPUs come from: the settings of a worker.
+#[derive(Debug, Args, Clone)]
+pub struct GpuArgs {
+    /// GPU backend: auto (NVML when a driver is present, else the simulated
+    /// fleet), nvml or sim.
+    #[arg(long, env = "GPUSLICE_BACKEND", default_value = "auto", value_parser = ["auto", "nvml", "sim"])]
+    pub backend: String,
+    /// Fleet file for the simulated backend (TOML); unset: the demo fleet.
+    #[arg(long, env = "GPUSLICE_FLEET")]
+    pub fleet: Option<PathBuf>,
+    /// Path of libnvidia-ml for the NVML backend (default: the system's).
+    #[arg(long, env = "GPUSLICE_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+    /// GPUs the NVML backend manages: comma-separated uuids or indexes (default: all).
+    #[arg(long, env = "GPUSLICE_NVML_GPUS", value_delimiter = ',')]
+    pub nvml_gpus: Option<Vec<String>>,
+    /// Let the NVML backend change a GPU's MIG mode when an admin asks (off: it never does).
+    #[arg(long, env = "GPUSLICE_NVML_ALLOW_MODE_CHANGE")]
+    pub nvml_allow_mode_change: bool,
+    /// Name of this node for the NVML backend (default: the host name).
+    #[arg(long = "node-name", env = "GPUSLICE_NODE")]
+    pub node_name: Option<String>,
+    /// Time-sliced shares per GPU on NVML nodes (the fleet file sets it for sim).
+    #[arg(long, env = "GPUSLICE_MAX_SHARES", default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
+    pub max_shares: i32,
+    /// How often the worker looks for bookings to start or end (milliseconds).
+    #[arg(long, env = "GPUSLICE_WORKER_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub worker_tick_ms: u64,
+    /// Warn this many minutes before a booking ends.
+    #[arg(long, env = "GPUSLICE_WARN_MINUTES", default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=1440))]
+    pub warn_minutes: u64,
+    /// Booking cgroups (isolation and time-slicing): auto (when root with a
+    /// freezer) or off.
+    #[arg(long, env = "GPUSLICE_CGROUPS", default_value = "auto", value_parser = ["auto", "off"])]
+    pub cgroups: String,
+    /// Host memory a booking's processes may use, GiB per compute slice (a whole GPU is 7 slices).
+    #[arg(long, env = "GPUSLICE_HOST_MEMORY_GIB_PER_SLICE", default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub host_memory_gib_per_slice: u64,
+    /// CPUs bookings' processes may use (a cpuset list such as 0-15; default: all).
+    #[arg(long, env = "GPUSLICE_BOOKING_CPUS")]
+    pub booking_cpus: Option<String>,
+    /// Seconds a share's process may stay over the share's GPU memory after the warning.
+    #[arg(long, env = "GPUSLICE_SHARE_MEMORY_GRACE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub share_memory_grace_secs: u64,
+    /// Socket of `gpuslice exec` (default: <data dir>/exec.sock).
+    #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
+    pub exec_socket: Option<PathBuf>,
+    /// Seconds processes on a device get between SIGTERM and SIGKILL when its booking ends.
+    #[arg(long, env = "GPUSLICE_GRACE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub grace_secs: u64,
+    /// Length of a metering interval in seconds (one usage row per booking per interval).
+    #[arg(long, env = "GPUSLICE_METER_INTERVAL_SECS", default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..=3600))]
+    pub meter_interval_secs: i64,
+    /// Usage rows the local spool holds while PostgreSQL is unreachable.
+    #[arg(long, env = "GPUSLICE_SPOOL_MAX_ROWS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(100..=100_000_000))]
+    pub spool_max_rows: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Decision latency of MIG placement on a large, loaded fleet.
+    Latency {
+        #[arg(long, default_value_t = 10_000)]
+        gpus: usize,
+        #[arg(long, default_value_t = 100_000)]
+        bookings: usize,
+        #[arg(long, default_value_t = 2_000)]
+        decisions: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time-slice scheduler: tick cost with 1,000 shares; as root, the
+    /// achieved 4:2:1 ratio of real busy processes and the switch latency.
+    Scheduler {
+        /// Seconds each real-process run lasts.
+        #[arg(long, default_value_t = 15)]
+        secs: u64,
+    },
+    /// MIG benchmark: H100-80GB fleet, request stream from the trace's pods.
+    Mig {
+        /// Pod list CSV with creation_time and deletion_time.
+        #[arg(long)]
+        pods: PathBuf,
+        /// Number of H100-80GB GPUs (the default trace peaks at 472 compute
+        /// slices, about 67 GPUs: 50 is heavy load).
+        #[arg(long, default_value_t = 50)]
+        gpus: usize,
+        /// Arrivals this many times faster (durations unchanged): more
+        /// load on the same fleet. 1 replays the trace's own times.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        #[arg(long, default_value = "42")]
+        seeds: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replays a cluster trace (FGD's method) under placement policies.
+    Replay {
+        /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Pod list CSV (name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...).
+        #[arg(long)]
+        pods: PathBuf,
+        /// first-fit, best-fit, fgd, gpuslice, or all (comma-separated list allowed).
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Seeds: 42..51 (inclusive), or a comma-separated list.
+        #[arg(long, default_value = "42..51")]
+        seeds: String,
+        /// Print JSON (with per-seed results and curves) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The node this worker runs (a node of the fleet file for sim).
+    #[arg(long)]
+    pub node: String,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant with its quota.
+    Add(TenantAddArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TenantAddArgs {
+    #[arg(long)]
+    pub slug: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_active_bookings: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_gpu_memory_gib: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_compute_slices: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub monthly_slice_hours: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_booking_hours: Option<String>,
+    /// high, normal or low.
+    #[arg(long)]
+    pub priority: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub guaranteed_share_pct: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create a user; the password is read from standard input.
+    Add(UserAddArgs),
+    /// Link a user to their Unix account on the GPU nodes (for `gpuslice exec`).
+    Link {
+        #[arg(long)]
+        email: String,
+        /// The account name; `--unix-user ''` removes the link.
+        #[arg(long)]
+        unix_user: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct UserAddArgs {
+    #[arg(long)]
+    pub email: String,
+    /// Display name (default: the part of the address before @).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Platform role: admin, finance or none.
+    #[arg(long, default_value = "none")]
+    pub role: String,
+    /// Tenant membership as SLUG or SLUG:manager; repeat for several.
+    #[arg(long = "tenant")]
+    pub tenants: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an API token for a user and print it.
+    Create {
+        #[arg(long)]
+        email: String,
+        #[arg(long, default_value = "cli")]
+        name: String,
+    },
+}

@@ -1,0 +1,143 @@
+//! `gpuslice bench ...`: the benchmarks of `bench/`, with their output.
+
+use anyhow::{anyhow, bail, Result};
+
+use super::args::BenchCommand;
+
+/// `bench replay`: FGD's trace replay under the chosen policies.
+pub fn bench(cmd: &BenchCommand) -> Result<()> {
+    use crate::bench::cluster::Policy;
+    use crate::bench::replay;
+    let (nodes, pods, policy, seeds, json) = match cmd {
+        BenchCommand::Mig {
+            pods,
+            gpus,
+            speedup,
+            seeds,
+            json,
+        } => return bench_mig(pods, *gpus, *speedup, seeds, *json),
+        BenchCommand::Latency {
+            gpus,
+            bookings,
+            decisions,
+            json,
+        } => return bench_latency(*gpus, *bookings, *decisions, *json),
+        BenchCommand::Scheduler { secs } => return crate::bench::scheduler::run(*secs),
+        BenchCommand::Replay {
+            nodes,
+            pods,
+            policy,
+            seeds,
+            json,
+        } => (nodes, pods, policy, seeds, json),
+    };
+    let policies: Vec<Policy> = if policy == "all" {
+        Policy::ALL.to_vec()
+    } else {
+        policy
+            .split(',')
+            .map(|p| Policy::parse(p.trim()).map_err(|e| anyhow!("--policy: {e}")))
+            .collect::<Result<_>>()?
+    };
+    let seeds = replay::parse_seeds(seeds).map_err(|e| anyhow!(e))?;
+    let trace = replay::Trace::load(nodes, pods).map_err(|e| anyhow!(e))?;
+    let mut results = Vec::new();
+    for p in policies {
+        let started = std::time::Instant::now();
+        let r = replay::run(&trace, p, &seeds);
+        let secs = started.elapsed().as_secs_f64();
+        if !json {
+            let lo = r
+                .per_seed
+                .iter()
+                .map(|s| s.allocation_pct_at_130)
+                .fold(f64::MAX, f64::min);
+            let hi = r
+                .per_seed
+                .iter()
+                .map(|s| s.allocation_pct_at_130)
+                .fold(f64::MIN, f64::max);
+            println!(
+                "{:<10} allocation at 130 %: {:6.2} % (seeds {:.2}–{:.2}), fragmentation at 100 %: {:5.2} %, {} seeds in {secs:.1} s",
+                r.policy, r.allocation_pct_at_130, lo, hi, r.fragmentation_curve[100], seeds.len()
+            );
+        }
+        results.push(r);
+    }
+    if *json {
+        let out = if results.len() == 1 {
+            serde_json::to_string_pretty(&results[0])?
+        } else {
+            serde_json::to_string_pretty(&results)?
+        };
+        println!("{out}");
+    }
+    Ok(())
+}
+
+fn bench_latency(gpus: usize, bookings: usize, decisions: usize, json: bool) -> Result<()> {
+    if gpus == 0 || decisions == 0 {
+        bail!("--gpus and --decisions must be at least 1");
+    }
+    let results = crate::bench::latency::run(gpus, bookings, decisions, 42);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        for r in results {
+            println!(
+                "{:<10} {} GPUs, {} bookings: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs over {} decisions (time index built once in {:.1} ms)",
+                r.policy, r.gpus, r.bookings, r.p50_us, r.p99_us, r.max_us, r.decisions, r.index_ms
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_mig(
+    pods: &std::path::Path,
+    gpus: usize,
+    speedup: f64,
+    seeds: &str,
+    json: bool,
+) -> Result<()> {
+    use crate::bench::{mig, replay::parse_seeds};
+    use crate::placement::mig::MigPolicy;
+    if gpus == 0 {
+        bail!("--gpus: the fleet needs at least one GPU");
+    }
+    if !(speedup.is_finite() && speedup > 0.0) {
+        bail!("--speedup must be a positive number (1 replays the trace's own times)");
+    }
+    let mut all = Vec::new();
+    for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
+        let stream = mig::stream(pods, seed, speedup).map_err(|e| anyhow!(e))?;
+        let mut base = None;
+        let runs = MigPolicy::ALL.into_iter().map(Some).chain([None]);
+        for p in runs {
+            let started = std::time::Instant::now();
+            let r = match p {
+                Some(p) => mig::run(&stream, gpus, p),
+                None => mig::run_repack(&stream, gpus),
+            };
+            let base_acc = *base.get_or_insert(r.accepted);
+            if !json {
+                println!(
+                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours, stranded slices {:7.1}, {:.1} s",
+                    r.policy,
+                    r.accepted,
+                    r.requests,
+                    r.acceptance_pct,
+                    100.0 * (r.accepted as f64 / base_acc.max(1) as f64 - 1.0),
+                    r.served_slice_hours,
+                    r.mean_stranded_slices,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            all.push(serde_json::json!({"seed": seed, "result": r}));
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    Ok(())
+}

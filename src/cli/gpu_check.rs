@@ -1,0 +1,68 @@
+//! `gpuslice gpu-check`: a read-only look at a real GPU machine.
+
+use anyhow::{anyhow, Result};
+
+/// `gpu-check`: prints the GPUs and every GPU-instance profile as NVML
+/// reports them, flagging where the catalog disagrees. Read-only.
+pub fn gpu_check(lib: Option<&std::path::Path>) -> Result<()> {
+    use crate::gpu::{nvml::NvmlBackend, GpuBackend};
+    let b = NvmlBackend::open(lib, None, false).map_err(|e| anyhow!(e))?;
+    println!(
+        "{:<5} {:<40} {:<32} {:<12} {:>10}  mig (now/after reset)",
+        "gpu", "uuid", "product", "catalog", "MiB"
+    );
+    for g in b.inventory()? {
+        println!(
+            "{:<5} {:<40} {:<32} {:<12} {:>10}  {}/{}",
+            g.index,
+            g.uuid,
+            g.product,
+            g.model.as_deref().unwrap_or("(unknown)"),
+            g.memory_mib,
+            if g.mig_current { "on" } else { "off" },
+            if g.mig_pending { "on" } else { "off" }
+        );
+    }
+    println!();
+    println!(
+        "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} verdict",
+        "gpu", "enum", "profile", "id", "slices", "max", "MiB", "possible placements (start:size)"
+    );
+    let rows = b.check_profiles()?;
+    for r in &rows {
+        let opt = |v: Option<u32>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+        let placements = r
+            .placements
+            .as_ref()
+            .map(|p| {
+                p.iter()
+                    .map(|x| format!("{}:{}", x.start, x.size))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_else(|| "-".into());
+        let verdict = match (&r.catalog_name, r.nvml_id, r.agrees) {
+            (_, _, true) => "agrees",
+            (None, Some(_), _) => "NOT IN CATALOG",
+            (Some(_), None, _) => "not offered by the driver",
+            _ => "DIFFERS",
+        };
+        println!(
+            "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} {verdict}",
+            r.gpu_index,
+            r.nvml_enum,
+            r.catalog_name.as_deref().unwrap_or("?"),
+            opt(r.nvml_id),
+            opt(r.slices),
+            opt(r.instance_count),
+            r.memory_mib
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "-".into()),
+            placements
+        );
+    }
+    let agree = rows.iter().filter(|r| r.agrees).count();
+    println!();
+    println!("{agree} of {} profiles agree with the catalog", rows.len());
+    Ok(())
+}

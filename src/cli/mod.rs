@@ -1,0 +1,146 @@
+//! The command line (contract in architecture.md): `serve`, `worker`,
+//! `migrate`, `demo`, `tenant add`, `user add|link`, `token create`, `exec`,
+//! `gpu-check`, `bench`. Without `DATABASE_URL` every command uses the
+//! embedded cluster of `GPUSLICE_DATA_DIR`. This is the composition root:
+//! [`args`] holds the flags, one file per command does its work, and
+//! [`node`] starts a GPU node's parts the same way for every backend.
+
+mod admin;
+mod args;
+mod bench;
+mod exec;
+mod gpu_check;
+mod node;
+mod serve;
+
+use std::io::Read;
+
+use anyhow::{Context, Result};
+
+use crate::db::{self, Database};
+
+pub use admin::{tenant_add, token_create, user_add, user_link};
+pub use args::{
+    BenchCommand, Cli, Command, GpuArgs, ServeArgs, TenantAddArgs, TenantCommand, TokenCommand,
+    UserAddArgs, UserCommand, WorkerArgs,
+};
+pub use bench::bench;
+pub use gpu_check::gpu_check;
+pub use node::{start_workers, Node, NodeSettings};
+pub use serve::{seed_demo, DEMO_PASSWORD, DEMO_USERS};
+
+pub fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        let _ = builder.json().try_init();
+    } else {
+        let _ = builder.try_init();
+    }
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Command::GpuCheck { nvml_lib } => return gpu_check(nvml_lib.as_deref()),
+        Command::Exec {
+            booking,
+            socket,
+            cmd,
+        } => {
+            let socket = socket
+                .clone()
+                .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
+            return exec::exec(&socket, *booking, cmd);
+        }
+        Command::Bench(b) => return bench(b),
+        _ => {}
+    }
+    let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
+    let result = run_with(&database, cli.command, &cli.data_dir).await;
+    let closed = database.close().await;
+    result.and(closed)
+}
+
+async fn run_with(database: &Database, command: Command, data_dir: &std::path::Path) -> Result<()> {
+    let pool = database.pool().await?;
+    db::migrate(&pool).await?;
+    match command {
+        Command::GpuCheck { .. } | Command::Bench(_) | Command::Exec { .. } => Ok(()),
+        Command::User(UserCommand::Link { email, unix_user }) => {
+            user_link(&pool, &email, &unix_user).await?;
+            println!(
+                "linked {} to Unix account \"{}\"",
+                email.trim().to_lowercase(),
+                unix_user.trim()
+            );
+            Ok(())
+        }
+        Command::Migrate => {
+            println!("database is up to date");
+            Ok(())
+        }
+        Command::Serve(args) => serve::serve(pool, &args, data_dir).await,
+        Command::Worker(args) => {
+            let mut gpu = args.gpu.clone();
+            gpu.node_name = Some(args.node.clone());
+            let tasks = start_workers(&pool, &gpu, data_dir, Some(&args.node))?;
+            shutdown_signal().await;
+            for t in tasks {
+                t.abort();
+            }
+            Ok(())
+        }
+        Command::Demo(args) => {
+            seed_demo(&pool).await?;
+            serve::print_demo(&args.bind);
+            serve::serve(pool, &args, data_dir).await
+        }
+        Command::Tenant(TenantCommand::Add(args)) => {
+            let id = tenant_add(&pool, &args).await?;
+            println!("created tenant {} (id {id})", args.slug.trim());
+            Ok(())
+        }
+        Command::User(UserCommand::Add(args)) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .context("cannot read the password from standard input")?;
+            let password = password.trim_end_matches(['\n', '\r']);
+            let id = user_add(&pool, &args, password).await?;
+            println!(
+                "created user {} (id {id})",
+                args.email.trim().to_lowercase()
+            );
+            Ok(())
+        }
+        Command::Token(TokenCommand::Create { email, name }) => {
+            println!("{}", token_create(&pool, &email, &name).await?);
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}

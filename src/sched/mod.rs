@@ -1,0 +1,12 @@
+//! Time-sliced GPUs on a node: the scheduler's pure state machine
+//! ([`scheduler`]), the per-booking cgroups it enforces with ([`cgroup`]), the
+//! enforcer thread that freezes and thaws them in turn ([`enforce`]), the
+//! node's share supervisor that runs one enforcer per shared GPU and
+//! reports to the database ([`shares`]), and `gpuslice exec`, which moves a
+//! user's process into its booking's cgroup ([`exec`]).
+
+pub mod cgroup;
+pub mod enforce;
+pub mod exec;
+pub mod scheduler;
+pub mod shares;
