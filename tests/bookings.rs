@@ -941,3 +941,44 @@ async fn the_queue_serves_priority_first_then_takes_turns_across_tenants() {
         running = (token.clone(), id(next));
     }
 }
+
+/// The schema repeats the placed live statuses in SQL (the exclusion
+/// constraint and the live index); they must be the Rust list's.
+#[tokio::test]
+async fn the_schema_and_the_rules_agree_on_which_statuses_are_live() {
+    use gpuslice::domain::booking::Status;
+    let app = TestApp::spawn().await;
+    let placed: std::collections::BTreeSet<String> = Status::ALL
+        .into_iter()
+        .filter(|s| s.is_placed())
+        .map(|s| s.as_str().to_string())
+        .collect();
+    let quoted = |def: &str| -> std::collections::BTreeSet<String> {
+        let inside = def
+            .split("ARRAY[")
+            .nth(1)
+            .unwrap()
+            .split(']')
+            .next()
+            .unwrap();
+        inside
+            .split(',')
+            .map(|w| w.split('\'').nth(1).unwrap().to_string())
+            .collect()
+    };
+    let constraint: String = app
+        .one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'bookings_no_overlap'")
+        .await;
+    assert_eq!(quoted(&constraint), placed, "{constraint}");
+    let index: String = app
+        .one("SELECT indexdef FROM pg_indexes WHERE indexname = 'bookings_live_idx'")
+        .await;
+    assert_eq!(quoted(&index), placed, "{index}");
+    // Every status the rules know is one the schema accepts, and no other.
+    let check: String = app
+        .one("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'bookings_status_check'")
+        .await;
+    let all: std::collections::BTreeSet<String> =
+        Status::ALL.iter().map(|s| s.as_str().to_string()).collect();
+    assert_eq!(quoted(&check), all, "{check}");
+}

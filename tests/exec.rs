@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{booking_status, wait_for, Killed, TestApp};
 use gpuslice::booking::{self, Created, Requester};
-use gpuslice::domain::booking::BookingInput;
+use gpuslice::domain::booking::{BookingInput, Status};
 
 struct Node {
     name: String,
@@ -116,7 +116,7 @@ async fn share(app: &TestApp, who: &Requester, gib: i32, priority: &str) -> i64 
         .unwrap()
     {
         Created::New(b) => {
-            assert_eq!(b.status, "scheduled", "{b:?}");
+            assert_eq!(b.status, Status::Scheduled, "{b:?}");
             b.id
         }
         Created::Replayed(_) => unreachable!(),

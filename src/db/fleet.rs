@@ -4,6 +4,8 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use time::OffsetDateTime;
 
+use crate::domain::GpuMode;
+
 /// A GPU as the fleet page shows it.
 #[derive(Debug, Clone)]
 pub struct Gpu {
@@ -13,13 +15,13 @@ pub struct Gpu {
     pub uuid: String,
     pub model: String,
     pub memory_mib: i64,
-    pub mode: String,
+    pub mode: GpuMode,
     pub mig_current: bool,
     pub mig_pending: bool,
     pub max_shares: i32,
     pub healthy: bool,
     pub instances: Value,
-    pub requested_mode: Option<String>,
+    pub requested_mode: Option<GpuMode>,
     pub last_seen: OffsetDateTime,
     pub last_heartbeat: OffsetDateTime,
 }
@@ -51,7 +53,7 @@ pub struct SeenGpu<'a> {
     pub mig_current: bool,
     pub mig_pending: bool,
     /// Mode for a GPU seen for the first time (from the hardware or fleet file).
-    pub initial_mode: &'a str,
+    pub initial_mode: GpuMode,
     pub max_shares: i32,
     pub instances: Value,
 }
@@ -86,7 +88,7 @@ pub async fn upsert_gpu(
         g.model,
         g.product,
         g.memory_mib,
-        g.initial_mode,
+        g.initial_mode.as_str(),
         g.mig_current,
         g.mig_pending,
         g.max_shares,
@@ -113,11 +115,11 @@ pub async fn mark_stale(db: impl PgExecutor<'_>, stale_secs: f64) -> sqlx::Resul
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Gpu>> {
     sqlx::query_as!(
         Gpu,
-        "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
-                g.mig_pending, g.max_shares, g.healthy, g.instances, g.requested_mode, g.last_seen,
-                n.last_heartbeat
+        r#"SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode",
+                g.mig_current, g.mig_pending, g.max_shares, g.healthy, g.instances,
+                g.requested_mode AS "requested_mode: GpuMode", g.last_seen, n.last_heartbeat
          FROM gpus g JOIN nodes n ON n.id = g.node_id
-         ORDER BY n.name, g.idx"
+         ORDER BY n.name, g.idx"#
     )
     .fetch_all(db)
     .await
@@ -126,10 +128,10 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Gpu>> {
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Gpu> {
     sqlx::query_as!(
         Gpu,
-        "SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode, g.mig_current,
-                g.mig_pending, g.max_shares, g.healthy, g.instances, g.requested_mode, g.last_seen,
-                n.last_heartbeat
-         FROM gpus g JOIN nodes n ON n.id = g.node_id WHERE g.id = $1",
+        r#"SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode",
+                g.mig_current, g.mig_pending, g.max_shares, g.healthy, g.instances,
+                g.requested_mode AS "requested_mode: GpuMode", g.last_seen, n.last_heartbeat
+         FROM gpus g JOIN nodes n ON n.id = g.node_id WHERE g.id = $1"#,
         id
     )
     .fetch_one(db)
@@ -152,12 +154,12 @@ pub async fn set_drained(db: impl PgExecutor<'_>, id: i64, drained: bool) -> sql
 
 /// Asks the GPU's worker to switch its MIG mode. Only for a GPU whose last
 /// report showed no GPU instances; false otherwise (nothing changes).
-pub async fn request_mode(db: impl PgExecutor<'_>, id: i64, mode: &str) -> sqlx::Result<bool> {
+pub async fn request_mode(db: impl PgExecutor<'_>, id: i64, mode: GpuMode) -> sqlx::Result<bool> {
     let r = sqlx::query!(
         "UPDATE gpus SET requested_mode = $2
          WHERE id = $1 AND jsonb_array_length(instances) = 0",
         id,
-        mode
+        mode.as_str()
     )
     .execute(db)
     .await?;
@@ -188,7 +190,7 @@ pub struct Bookable {
     pub uuid: String,
     pub model: String,
     pub memory_mib: i64,
-    pub mode: String,
+    pub mode: GpuMode,
     pub max_shares: i32,
 }
 
@@ -197,12 +199,12 @@ pub struct Bookable {
 pub async fn bookable(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Bookable>> {
     sqlx::query_as!(
         Bookable,
-        "SELECT g.id, g.node_id, g.uuid, g.model, g.memory_mib, g.mode, g.max_shares
+        r#"SELECT g.id, g.node_id, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode", g.max_shares
          FROM gpus g JOIN nodes n ON n.id = g.node_id
          WHERE g.healthy AND g.requested_mode IS NULL
            AND ((g.mode = 'mig' AND g.mig_current AND g.mig_pending)
                 OR (g.mode = 'timeslice' AND NOT g.mig_current))
-         ORDER BY n.name, g.idx"
+         ORDER BY n.name, g.idx"#
     )
     .fetch_all(db)
     .await

@@ -105,3 +105,12 @@ pub async fn sessions_cleanup(pool: &PgPool) -> sqlx::Result<()> {
 pub fn is_unique_violation(e: &sqlx::Error, constraint: &str) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.is_unique_violation() && d.constraint() == Some(constraint))
 }
+
+/// The exclusion constraint that keeps live MIG bookings on one GPU from
+/// sharing a memory slice at overlapping times.
+pub const NO_OVERLAP: &str = "bookings_no_overlap";
+
+/// Another booking holds the slot: the schema's [`NO_OVERLAP`] guard fired.
+pub fn is_exclusion_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.constraint() == Some(NO_OVERLAP))
+}

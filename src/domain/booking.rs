@@ -13,8 +13,12 @@ use crate::gpu::catalog;
 /// metering), MIG or not, so that one unit serves both kinds.
 pub const SLICES_PER_GPU: i32 = 7;
 
-/// MIG instance or time-sliced share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// MIG instance or time-sliced share (`bookings.kind`, lower-case text).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize, serde::Deserialize,
+)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     Mig,
     Timeslice,
@@ -38,63 +42,13 @@ impl Kind {
     }
 }
 
-/// The life of a booking (see architecture.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Queued,
-    Scheduled,
-    Provisioning,
-    Active,
-    Releasing,
-    Released,
-    Expired,
-    Cancelled,
-    Failed,
-}
-
-impl Status {
-    pub const ALL: [Status; 9] = [
-        Status::Queued,
-        Status::Scheduled,
-        Status::Provisioning,
-        Status::Active,
-        Status::Releasing,
-        Status::Released,
-        Status::Expired,
-        Status::Cancelled,
-        Status::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Queued => "queued",
-            Status::Scheduled => "scheduled",
-            Status::Provisioning => "provisioning",
-            Status::Active => "active",
-            Status::Releasing => "releasing",
-            Status::Released => "released",
-            Status::Expired => "expired",
-            Status::Cancelled => "cancelled",
-            Status::Failed => "failed",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Option<Status> {
-        Status::ALL.into_iter().find(|s| s.as_str() == raw)
-    }
-
-    /// Holds (or waits for) capacity and counts against quota.
-    pub fn is_live(self) -> bool {
-        matches!(
-            self,
-            Status::Queued
-                | Status::Scheduled
-                | Status::Provisioning
-                | Status::Active
-                | Status::Releasing
-        )
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
+
+pub use super::lifecycle::{Illegal, Status, Step, Transition};
 
 /// What is booked.
 #[derive(Debug, Clone, PartialEq)]

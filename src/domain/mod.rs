@@ -2,6 +2,7 @@
 //! once at the edge (forms, JSON, CLI) and trusted afterwards.
 
 pub mod booking;
+pub mod lifecycle;
 mod password;
 mod quota;
 pub mod usage;
@@ -162,8 +163,13 @@ impl TenantRole {
     }
 }
 
-/// Scheduling priority of a time-sliced share (and a tenant's default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Scheduling priority of a time-sliced share (and a tenant's default);
+/// lower-case text in the schema.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize, serde::Deserialize,
+)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
 pub enum Priority {
     High,
     Normal,
@@ -190,6 +196,59 @@ impl Priority {
                 "unknown priority \"{other}\": use high, normal or low"
             )),
         }
+    }
+
+    /// Queue order: high first.
+    pub fn rank(self) -> u8 {
+        match self {
+            Priority::High => 0,
+            Priority::Normal => 1,
+            Priority::Low => 2,
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a GPU is used for (`gpus.mode`, lower-case text): MIG instances,
+/// time-sliced shares, or nothing new (an admin drained it).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize, serde::Deserialize,
+)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    Mig,
+    Timeslice,
+    Drained,
+}
+
+impl GpuMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMode::Mig => "mig",
+            GpuMode::Timeslice => "timeslice",
+            GpuMode::Drained => "drained",
+        }
+    }
+
+    /// The mode a GPU's hardware has: MIG on or off.
+    pub fn of_hardware(mig_enabled: bool) -> GpuMode {
+        if mig_enabled {
+            GpuMode::Mig
+        } else {
+            GpuMode::Timeslice
+        }
+    }
+}
+
+impl fmt::Display for GpuMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

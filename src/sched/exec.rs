@@ -15,6 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::db;
+use crate::domain::booking::Status;
 use crate::sched::cgroup::Layout;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -121,7 +122,7 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
             ));
         }
     }
-    if target.status != "active" {
+    if target.status != Status::Active {
         return refuse(format!(
             "booking {booking} is {}, not active: nothing to run on yet",
             target.status

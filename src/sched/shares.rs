@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::db;
-use crate::domain::Priority;
+use crate::domain::booking::Status;
 use crate::gpu::GpuBackend;
 use crate::sched::cgroup::{Group, Layout};
 use crate::sched::enforce::Enforcer;
@@ -165,7 +165,7 @@ pub async fn run(
             by_gpu.entry(s.gpu_uuid.clone()).or_default().push((
                 ShareSpec {
                     id: s.id,
-                    priority: Priority::parse(&s.priority).unwrap_or(Priority::Normal),
+                    priority: s.priority,
                     guaranteed_pct: f64::from(s.guaranteed_share_pct),
                     min_slice_ms: None,
                     max_slice_ms: None,
@@ -282,12 +282,11 @@ pub async fn watch_memory(
                 p.pid, p.used_memory_mib, s.memory_gib
             );
             if newly {
-                let _ = db::bookings::event(
+                let _ = db::bookings::note(
                     pool,
                     s.id,
                     &format!("worker:{node}"),
-                    Some("active"),
-                    "active",
+                    Status::Active,
                     &format!(
                         "warning: {why}; it is ended in {} s unless it frees memory",
                         grace.as_secs()
@@ -300,12 +299,11 @@ pub async fn watch_memory(
                     nix::sys::signal::Signal::SIGTERM,
                 );
                 memory.over_since.remove(&p.pid);
-                let _ = db::bookings::event(
+                let _ = db::bookings::note(
                     pool,
                     s.id,
                     &format!("worker:{node}"),
-                    Some("active"),
-                    "active",
+                    Status::Active,
                     &format!("ended: {why}"),
                 )
                 .await;

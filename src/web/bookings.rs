@@ -21,7 +21,7 @@ use super::pages::{flash, PageCtx};
 use super::AppState;
 use crate::booking::{self, BookingError, Created, Offering, Requester};
 use crate::db::{self, bookings::Booking, bookings::Scope};
-use crate::domain::booking::{BookingInput, Status};
+use crate::domain::booking::{BookingInput, Kind, Status, Step};
 
 /// The rules' view of the signed-in user.
 pub fn requester(u: &CurrentUser) -> Requester {
@@ -47,6 +47,7 @@ impl From<BookingError> for AppError {
             BookingError::NotFound => AppError::NotFound,
             BookingError::Forbidden(m) => AppError::Forbidden(m),
             BookingError::Retry => AppError::Conflict(e.to_string()),
+            BookingError::Internal(m) => AppError::Internal(anyhow::anyhow!(m)),
             BookingError::Db(e) => e.into(),
         }
     }
@@ -89,7 +90,7 @@ pub fn booking_json(b: &Booking) -> Value {
         "device_uuid": b.device_uuid,
         "reason": b.reason,
         "earliest_start": b.offered_start.map(rfc3339),
-        "scheduler": if b.kind == "timeslice" && b.status == "active" { b.scheduler.clone().unwrap_or(Value::Null) } else { Value::Null },
+        "scheduler": if b.kind == Kind::Timeslice && b.status == Status::Active { b.scheduler.clone().unwrap_or(Value::Null) } else { Value::Null },
         "created_at": rfc3339(b.created_at),
     });
     if let Some(p) = &b.profile {
@@ -410,7 +411,7 @@ pub async fn create(
     let who = requester(&user);
     match booking::create(&state.pool, &who, &req, None, &state.booking_settings).await {
         Ok(Created::New(b)) | Ok(Created::Replayed(b)) => {
-            let msg = if b.status == "queued" {
+            let msg = if b.status == Status::Queued {
                 format!(
                     "Booking {} is queued: {}",
                     b.id,
@@ -562,25 +563,25 @@ pub struct Detail {
 
 impl Detail {
     pub fn can_release(&self) -> bool {
-        self.is_owner && matches!(self.b.status.as_str(), "provisioning" | "active")
+        self.is_owner && self.b.status.allows(Step::Release)
     }
 
     pub fn can_cancel(&self) -> bool {
-        self.is_owner && matches!(self.b.status.as_str(), "queued" | "scheduled")
+        self.is_owner && self.b.status.allows(Step::Cancel)
     }
 
     pub fn can_extend(&self) -> bool {
-        self.is_owner && matches!(self.b.status.as_str(), "scheduled" | "active")
+        self.is_owner && self.b.status.can_extend()
     }
 
     pub fn force(&self) -> bool {
         self.can_force
             && !self.is_owner
-            && Status::parse(&self.b.status).is_some_and(|s| s.is_live() && s != Status::Releasing)
+            && (self.b.status.allows(Step::Cancel) || self.b.status.allows(Step::Release))
     }
 
     pub fn ending_soon(&self) -> bool {
-        self.b.status == "active" && self.b.warned_at.is_some()
+        self.b.status == Status::Active && self.b.warned_at.is_some()
     }
 
     pub fn device(&self) -> &str {
@@ -600,7 +601,7 @@ impl Detail {
 
     /// The scheduler's view of an active share.
     pub fn scheduler(&self) -> Option<SchedView> {
-        if self.b.kind != "timeslice" || self.b.status != "active" {
+        if self.b.kind != Kind::Timeslice || self.b.status != Status::Active {
             return None;
         }
         let s = self.b.scheduler.as_ref()?;
@@ -619,11 +620,11 @@ impl Detail {
         let start = rfc3339(t);
         let mut q = form_urlencoded::Serializer::new(String::new());
         q.append_pair("tenant", &self.b.tenant_slug)
-            .append_pair("kind", &self.b.kind)
+            .append_pair("kind", self.b.kind.as_str())
             .append_pair("model", self.b.requested_model.as_deref().unwrap_or(""))
             .append_pair("profile", self.b.profile.as_deref().unwrap_or(""))
             .append_pair("memory_gib", &self.b.memory_gib.to_string())
-            .append_pair("priority", &self.b.priority)
+            .append_pair("priority", self.b.priority.as_str())
             .append_pair("start", &start)
             .append_pair("hours", &self.b.hours.to_string());
         Some(format!("/bookings/new?{}", q.finish()))
@@ -686,7 +687,7 @@ async fn detail(
     let who = requester(user);
     let b = booking::visible(&state.pool, &who, id).await?;
     let events = db::bookings::events(&state.pool, id).await?;
-    let live = Status::parse(&b.status).is_some_and(Status::is_live);
+    let live = b.status.is_live();
     Ok(Detail {
         is_owner: b.user_id == user.user.id,
         can_force: user.is_admin() || user.membership(b.tenant_id).is_some_and(|m| m.is_manager()),
@@ -768,7 +769,7 @@ pub async fn release(
     .await
     {
         Ok(b) => {
-            let msg = if b.status == "cancelled" {
+            let msg = if b.status == Status::Cancelled {
                 format!("Booking {id} is cancelled.")
             } else {
                 format!("Booking {id} is being released; its device goes away in a moment.")

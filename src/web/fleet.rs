@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use time::OffsetDateTime;
 
 use crate::db::{self, fleet::Gpu};
+use crate::domain::booking::Kind;
+use crate::domain::GpuMode;
 use crate::gpu::catalog::{self, Placement};
 use crate::gpu::mig::Existing;
 use crate::placement::mig::{self, ProfileMix, Window};
@@ -97,7 +99,7 @@ impl Fragmentation {
 pub async fn fragmentation(pool: &sqlx::PgPool, gpus: &[Gpu]) -> sqlx::Result<Fragmentation> {
     let profiles = db::bookings::recent_profile_counts(pool).await?;
     let shapes = ShareShapes::from_counts(&db::bookings::recent_share_counts(pool).await?);
-    let live = db::bookings::placed_live(pool, Some("timeslice")).await?;
+    let live = db::bookings::placed_live(pool, Some(Kind::Timeslice)).await?;
     let now = OffsetDateTime::now_utc().unix_timestamp();
     let window = Window {
         start: now,
@@ -123,7 +125,7 @@ pub async fn fragmentation(pool: &sqlx::PgPool, gpus: &[Gpu]) -> sqlx::Result<Fr
             out.free_slices += f.free_slices;
             out.stranded += f.stranded;
             out.mix_slices += f.mix_slices;
-        } else if g.mode == "timeslice" {
+        } else if g.mode == GpuMode::Timeslice {
             let gpu = SharedGpu {
                 node: 0,
                 model: g.model.clone(),
@@ -329,14 +331,15 @@ pub async fn switch_mode(
     user.require_admin()?;
     let gpu = db::fleet::get(&state.pool, id).await?;
     let mode = match form.mode.as_str() {
-        m @ ("mig" | "timeslice") => m,
+        "mig" => GpuMode::Mig,
+        "timeslice" => GpuMode::Timeslice,
         other => {
             return Err(AppError::BadRequest(format!(
                 "unknown mode \"{other}\": use mig or timeslice"
             )))
         }
     };
-    if mode == "mig" && !catalog::model(&gpu.model).is_some_and(|m| m.mig_capable()) {
+    if mode == GpuMode::Mig && !catalog::model(&gpu.model).is_some_and(|m| m.mig_capable()) {
         return Err(AppError::Conflict(format!(
             "{} cannot run in MIG mode",
             gpu.model

@@ -18,6 +18,7 @@ use sqlx::{Connection, PgPool, Postgres};
 use time::OffsetDateTime;
 
 use crate::db::{self, bookings::Due};
+use crate::domain::booking::{Kind, Status, Step, Transition};
 use crate::gpu::catalog::{self, Placement};
 use crate::gpu::{BackendError, GpuBackend, Instance};
 
@@ -180,17 +181,11 @@ pub async fn step(
 /// instance, if any, is torn down); one being torn down is retried later.
 async fn give_up(pool: &PgPool, node: &str, id: i64, msg: &str) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
-    let status = db::bookings::lock(&mut tx, id).await?;
-    if status == "provisioning" || status == "scheduled" {
-        db::bookings::begin_release(
-            &mut tx,
-            id,
-            &status,
-            "failed",
-            &actor(node),
-            &format!("could not set up the device: {msg}"),
-        )
-        .await?;
+    let (status, _) = db::bookings::lock(&mut tx, id).await?;
+    if matches!(status, Status::Provisioning | Status::Scheduled) {
+        let t = Transition::of(status, Step::Fail, None)?;
+        let why = format!("could not set up the device: {msg}");
+        db::bookings::transition(&mut tx, id, t, &actor(node), Some(&why)).await?;
     }
     tx.commit().await?;
     Ok(())
@@ -229,23 +224,22 @@ async fn provision(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let b = db::bookings::get(pool, id).await?;
-    if b.status == "scheduled" {
+    if b.status == Status::Scheduled {
         let mut tx = pool.begin().await?;
-        let moved =
-            db::bookings::transition(&mut tx, id, "scheduled", "provisioning", &actor(node), None)
-                .await?;
+        let t = Transition::of(b.status, Step::Start, None)?;
+        let moved = db::bookings::transition(&mut tx, id, t, &actor(node), None).await?;
         tx.commit().await?;
         if !moved {
             return Ok(());
         }
-    } else if b.status != "provisioning" {
+    } else if b.status != Status::Provisioning {
         return Ok(());
     }
     let gpu = b
         .gpu_uuid
         .clone()
         .ok_or_else(|| anyhow::anyhow!("booking {id} has no GPU"))?;
-    let (device, how) = if b.kind == "mig" {
+    let (device, how) = if b.kind == Kind::Mig {
         let (profile_id, placement) = placement_of(&b)?;
         let g = gpu.clone();
         let be = backend.clone();
@@ -297,15 +291,9 @@ async fn expire(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
-    let moved = db::bookings::begin_release(
-        &mut tx,
-        id,
-        "active",
-        "expired",
-        &actor(node),
-        "reached its end",
-    )
-    .await?;
+    let t = Transition::of(Status::Active, Step::Expire, None)?;
+    let moved =
+        db::bookings::transition(&mut tx, id, t, &actor(node), Some("reached its end")).await?;
     tx.commit().await?;
     if moved {
         teardown(pool, node, id, backend, settings).await?;
@@ -321,10 +309,10 @@ async fn teardown(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let b = db::bookings::get(pool, id).await?;
-    if b.status != "releasing" {
+    if b.status != Status::Releasing {
         return Ok(());
     }
-    if b.kind == "mig" {
+    if b.kind == Kind::Mig {
         if let (Some(gpu), Ok((profile_id, placement))) = (b.gpu_uuid.clone(), placement_of(&b)) {
             let g = gpu.clone();
             let be = backend.clone();
@@ -348,7 +336,8 @@ async fn teardown(
         tokio::task::spawn_blocking(move || g.remove(grace)).await??;
     }
     let mut tx = pool.begin().await?;
-    db::bookings::finish_release(&mut tx, id, &actor(node)).await?;
+    let t = Transition::of(Status::Releasing, Step::Finish, b.ending_as)?;
+    db::bookings::transition(&mut tx, id, t, &actor(node), Some("torn down")).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -405,8 +394,10 @@ pub async fn reconcile(
     let mut recreated = 0;
     for (gpu, instances) in &hardware {
         for inst in instances {
-            let owned = holders.iter().any(|(_, g, profile, start, _)| {
-                g == gpu && *profile == inst.profile && *start == i32::from(inst.placement.start)
+            let owned = holders.iter().any(|h| {
+                h.gpu_uuid == *gpu
+                    && h.profile == inst.profile
+                    && h.slice_start == i32::from(inst.placement.start)
             });
             if owned {
                 continue;
@@ -432,16 +423,17 @@ pub async fn reconcile(
             )
             .await?;
         }
-        for (id, g, profile, start, status) in &holders {
-            if g != gpu || status != "active" {
+        for h in &holders {
+            if h.gpu_uuid != *gpu || h.status != Status::Active {
                 continue;
             }
             let present = instances
                 .iter()
-                .any(|i| i.profile == *profile && i32::from(i.placement.start) == *start);
+                .any(|i| i.profile == h.profile && i32::from(i.placement.start) == h.slice_start);
             if present {
                 continue;
             }
+            let id = &h.id;
             let b = db::bookings::get(pool, *id).await?;
             let (profile_id, placement) = placement_of(&b)?;
             let (g2, be) = (gpu.clone(), backend.clone());
@@ -451,27 +443,20 @@ pub async fn reconcile(
                 Ok(inst) => {
                     let device = inst.device_uuid.unwrap_or_default();
                     db::bookings::set_device(&mut *tx, *id, &device).await?;
-                    db::bookings::event(
+                    db::bookings::note(
                         &mut *tx,
                         *id,
                         &actor(node),
-                        Some("active"),
-                        "active",
+                        Status::Active,
                         &format!("the MIG instance had vanished; recreated as {device}"),
                     )
                     .await?;
                     recreated += 1;
                 }
                 Err(e) => {
-                    db::bookings::begin_release(
-                        &mut tx,
-                        *id,
-                        "active",
-                        "failed",
-                        &actor(node),
-                        &format!("the MIG instance vanished and could not be recreated: {e}"),
-                    )
-                    .await?;
+                    let t = Transition::of(Status::Active, Step::Fail, None)?;
+                    let why = format!("the MIG instance vanished and could not be recreated: {e}");
+                    db::bookings::transition(&mut tx, *id, t, &actor(node), Some(&why)).await?;
                 }
             }
             tx.commit().await?;

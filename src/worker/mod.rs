@@ -12,6 +12,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::db;
+use crate::domain::GpuMode;
 use crate::gpu::GpuBackend;
 
 /// How often a worker reports.
@@ -70,7 +71,7 @@ pub async fn report_inventory(
                 memory_mib: g.memory_mib as i64,
                 mig_current: g.mig_current,
                 mig_pending: g.mig_pending,
-                initial_mode: if g.mig_current { "mig" } else { "timeslice" },
+                initial_mode: GpuMode::of_hardware(g.mig_current),
                 max_shares: max_shares(&g.uuid),
                 instances,
             },
