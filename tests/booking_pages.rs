@@ -15,11 +15,9 @@ use serde_json::Value;
 
 async fn world() -> (TestApp, Arc<SimBackend>) {
     let app = TestApp::spawn().await;
-    let node = Arc::new(SimBackend::open(&Fleet::demo(), "gpu-node-1", None).unwrap());
-    let b: Arc<dyn GpuBackend> = node.clone();
-    gpuslice::worker::report_inventory(&app.pool, "gpu-node-1", b, |_| 4)
+    let node = common::SimNode::register_fleet(&app, &Fleet::demo(), "gpu-node-1", 4)
         .await
-        .unwrap();
+        .backend;
     app.tenant("lab").await;
     (app, node)
 }
@@ -376,6 +374,7 @@ async fn every_operation_in_the_openapi_document_is_a_real_route() {
         "GET /bookings/{id}",
         "POST /bookings/{id}/release",
         "POST /bookings/{id}/extend",
+        "GET /usage",
     ] {
         assert!(
             checked.iter().any(|c| c == op),

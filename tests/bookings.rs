@@ -6,9 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::TestApp;
+use common::{SimNode, TestApp};
 use gpuslice::gpu::catalog::Placement;
-use gpuslice::gpu::fleet::Fleet;
 use gpuslice::gpu::sim::SimBackend;
 use gpuslice::gpu::GpuBackend;
 use gpuslice::worker::bookings as worker;
@@ -32,24 +31,16 @@ max_shares = 3
 
 struct World {
     app: TestApp,
+    sim: SimNode,
     node: Arc<SimBackend>,
 }
 
 impl World {
     async fn new(fleet: &str) -> World {
         let app = TestApp::spawn().await;
-        let fleet = Fleet::parse(fleet).unwrap();
-        let node = Arc::new(SimBackend::open(&fleet, "n1", None).unwrap());
-        let w = World { app, node };
-        w.report().await;
-        w
-    }
-
-    async fn report(&self) {
-        let b: Arc<dyn GpuBackend> = self.node.clone();
-        gpuslice::worker::report_inventory(&self.app.pool, "n1", b, |_| 3)
-            .await
-            .unwrap();
+        let sim = SimNode::register(&app, fleet, "n1", 3).await;
+        let node = sim.backend.clone();
+        World { app, sim, node }
     }
 
     /// A tenant with the given quota (flags as in `tenant add`).
@@ -121,14 +112,7 @@ impl World {
 
     /// One pass of the node's worker.
     async fn step(&self) -> usize {
-        let b: Arc<dyn GpuBackend> = self.node.clone();
-        let settings = worker::Settings {
-            grace: std::time::Duration::from_millis(100),
-            ..Default::default()
-        };
-        worker::step(&self.app.pool, "n1", "n1/test", b, &settings)
-            .await
-            .unwrap()
+        self.sim.step(&self.app).await
     }
 
     fn instances(&self) -> Vec<gpuslice::gpu::Instance> {
@@ -306,6 +290,22 @@ async fn bad_input_gets_a_message_per_field_and_changes_nothing() {
         );
     }
     assert_eq!(w.count("SELECT count(*) FROM bookings").await, 0);
+    // Several bad fields: one message each, by field name.
+    let (s, e) = w
+        .book(
+            &t,
+            json!({"tenant": "lab", "kind": "mig", "profile": "", "hours": "two", "start": "soon"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    let fields = e["fields"].as_object().expect("fields by name");
+    for f in ["profile", "hours", "start"] {
+        assert!(
+            fields[f].as_str().is_some_and(|m| !m.is_empty()),
+            "{f}: {e}"
+        );
+    }
+    assert!(!fields.contains_key("tenant"), "{e}");
     // Not JSON at all.
     let r = reqwest::Client::new()
         .post(w.app.url("/api/v1/bookings"))

@@ -261,17 +261,13 @@ async fn admin_signs_in_and_edits_a_quota_in_a_browser() {
 
 #[tokio::test]
 async fn a_student_books_a_slice_watches_it_go_live_and_releases_it() {
-    use std::sync::Arc;
     let app = TestApp::spawn().await;
     app.tenant("cs-101").await;
     app.user("student@uni.edu", "none", &["cs-101"]).await;
     // A worker for one simulated node, as `gpuslice serve` runs it.
     let fleet = gpuslice::gpu::fleet::Fleet::demo();
-    let node = Arc::new(gpuslice::gpu::sim::SimBackend::open(&fleet, "gpu-node-1", None).unwrap());
-    let backend: Arc<dyn gpuslice::gpu::GpuBackend> = node.clone();
-    gpuslice::worker::report_inventory(&app.pool, "gpu-node-1", backend.clone(), |_| 4)
-        .await
-        .unwrap();
+    let sim = common::SimNode::register_fleet(&app, &fleet, "gpu-node-1", 4).await;
+    let (node, backend) = (sim.backend.clone(), sim.dyn_backend());
     let settings = gpuslice::worker::bookings::Settings {
         tick: Duration::from_millis(200),
         grace: Duration::from_millis(100),

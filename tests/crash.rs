@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{booking_status, wait_for, Killed, TestApp};
+use common::{booking_status, wait_for, Killed, TestApp, WorkerProcess};
 use gpuslice::booking::{self, Created, Requester};
 use gpuslice::domain::booking::BookingInput;
 use serde_json::Value;
@@ -17,41 +16,20 @@ use serde_json::Value;
 const FLEET: &str =
     "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n";
 
-struct Node {
-    dir: PathBuf,
-    url: String,
-}
+/// The node's worker process, started and crashed at will.
+struct Node(WorkerProcess);
 
 impl Node {
     fn new(app: &TestApp) -> Node {
-        let dir = std::env::temp_dir().join(format!(
-            "gpuslice-crash-{}-{}",
-            std::process::id(),
-            app.db_name
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("fleet.toml"), FLEET).unwrap();
-        Node {
-            url: common::database_url(&app.options, &app.db_name),
-            dir,
-        }
+        Node(WorkerProcess::new(app, "crash", "n1", FLEET))
     }
 
     /// Starts `gpuslice worker --node n1`, crashing at `crash` if given.
     fn start(&self, crash: Option<&str>) -> Killed {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpuslice"));
-        cmd.args(["worker", "--node", "n1"])
-            .env("DATABASE_URL", &self.url)
-            .env("GPUSLICE_DATA_DIR", &self.dir)
-            .env("GPUSLICE_FLEET", self.dir.join("fleet.toml"))
-            .env("GPUSLICE_BACKEND", "sim")
-            .env("GPUSLICE_WORKER_TICK_MS", "100")
-            .env("GPUSLICE_GRACE_SECS", "0")
+        let mut cmd = self.0.command();
+        cmd.env("GPUSLICE_GRACE_SECS", "0")
             .env("GPUSLICE_CGROUPS", "off")
-            .env("RUST_LOG", "warn")
             .env_remove("GPUSLICE_SIM_CRASH")
-            .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         if let Some(c) = crash {
             cmd.env("GPUSLICE_SIM_CRASH", c);
@@ -61,23 +39,14 @@ impl Node {
 
     /// MIG instances on the simulated hardware, from its state file.
     fn instances(&self) -> Vec<Value> {
-        let path: &Path = &self.dir.join("sim/sim-n1.json");
-        let Ok(bytes) = std::fs::read(path) else {
-            return Vec::new();
-        };
-        let state: Value = serde_json::from_slice(&bytes).unwrap();
-        state["gpus"]
+        self.0.hardware()["gpus"]
             .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["instances"].as_array().cloned().unwrap_or_default())
-            .collect()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+            .map(|gpus| {
+                gpus.iter()
+                    .flat_map(|g| g["instances"].as_array().cloned().unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -95,16 +64,9 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 async fn setup() -> (TestApp, Node, Requester) {
     let app = TestApp::spawn().await;
     app.tenant("lab").await;
-    let uid = app.user("ana@uni.edu", "none", &["lab"]).await;
-    let tenant: i64 = app.one("SELECT id FROM tenants").await;
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    let who = common::member(&app, "ana@uni.edu", "lab").await;
     let node = Node::new(&app);
-    let who = Requester {
-        user_id: uid,
-        email: "ana@uni.edu".into(),
-        is_admin: false,
-        is_finance: false,
-        tenants: vec![(tenant, "lab".into(), false)],
-    };
     (app, node, who)
 }
 

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::TestApp;
-use gpuslice::gpu::fleet::Fleet;
 use gpuslice::gpu::sim::SimBackend;
 use gpuslice::gpu::GpuBackend;
 use gpuslice::worker::meter::{Meter, Settings};
@@ -22,11 +21,9 @@ const FLEET: &str = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"H100-80GB\
 
 async fn setup() -> (TestApp, Arc<SimBackend>, String) {
     let app = TestApp::spawn().await;
-    let node = Arc::new(SimBackend::open(&Fleet::parse(FLEET).unwrap(), "n1", None).unwrap());
-    let b: Arc<dyn GpuBackend> = node.clone();
-    gpuslice::worker::report_inventory(&app.pool, "n1", b, |_| 4)
+    let node = common::SimNode::register(&app, FLEET, "n1", 4)
         .await
-        .unwrap();
+        .backend;
     app.tenant("lab").await;
     app.user("ana@uni.edu", "none", &["lab"]).await;
     let token = gpuslice::cli::token_create(&app.pool, "ana@uni.edu", "t")

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use time::{Duration, OffsetDateTime};
 
-use super::{at, ts, when, BookingError, Settings};
+use super::{at, when, BookingError, Settings};
 use crate::db::bookings::{Placed, Queued};
 use crate::db::fleet::Bookable;
 use crate::db::tenants::Tenant;
@@ -507,14 +507,20 @@ pub fn quota_verdict(
 /// (or never) first — then oldest first (`queued` comes oldest first).
 pub fn queue_order(queued: &[Queued]) -> Vec<i64> {
     let mut turns: HashMap<(u8, i64), usize> = HashMap::new();
-    let mut order: Vec<(u8, usize, Option<i64>, usize, i64)> = queued
+    let mut order: Vec<(u8, usize, Option<i128>, usize, i64)> = queued
         .iter()
         .enumerate()
         .map(|(pos, q)| {
             let r = q.priority.rank();
             let turn = turns.entry((r, q.tenant_id)).or_default();
             *turn += 1;
-            (r, *turn, q.last_placed.map(ts), pos, q.id)
+            (
+                r,
+                *turn,
+                q.last_placed.map(|t| t.unix_timestamp_nanos()),
+                pos,
+                q.id,
+            )
         })
         .collect();
     order.sort();

@@ -4,7 +4,8 @@ use anyhow::{anyhow, bail, Result};
 
 use super::args::BenchCommand;
 
-/// `bench replay`: FGD's trace replay under the chosen policies.
+/// `gpuslice bench ...`: runs one benchmark and prints its figures (a
+/// table, or JSON with `--json`).
 pub fn bench(cmd: &BenchCommand) -> Result<()> {
     use crate::bench::cluster::Policy;
     use crate::bench::replay;

@@ -19,7 +19,16 @@ use std::fmt;
 /// The statuses of a booking (see architecture.md). Stored as lower-case
 /// text in `bookings.status` and `booking_events`.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    sqlx::Type,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
 )]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
@@ -105,14 +114,6 @@ impl Status {
     /// Whether `step` is a legal move from here.
     pub fn allows(self, step: Step) -> bool {
         Transition::of(self, step, None).is_ok()
-    }
-
-    /// Holds (or is getting, or giving back) a device on its node.
-    pub fn holds_device(self) -> bool {
-        matches!(
-            self,
-            Status::Provisioning | Status::Active | Status::Releasing
-        )
     }
 }
 

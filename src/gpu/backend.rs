@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::catalog::Placement;
+use super::codes;
 use super::mig::MigError;
 
 /// One physical GPU.
@@ -96,10 +97,10 @@ impl BackendError {
             BackendError::Nvml { code, .. } => Some(*code),
             BackendError::NoSuchGpu(_)
             | BackendError::NoSuchInstance(..)
-            | BackendError::NoSuchDevice(_) => Some(6),
-            BackendError::NotMig(_) => Some(3),
-            BackendError::NotEmpty { .. } => Some(19),
-            BackendError::GpuLost(_) => Some(15),
+            | BackendError::NoSuchDevice(_) => Some(codes::NOT_FOUND),
+            BackendError::NotMig(_) => Some(codes::NOT_SUPPORTED),
+            BackendError::NotEmpty { .. } => Some(codes::IN_USE),
+            BackendError::GpuLost(_) => Some(codes::GPU_IS_LOST),
             BackendError::Driver(_) => None,
         }
     }

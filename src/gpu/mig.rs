@@ -3,6 +3,7 @@
 //! [`check_create`], so they cannot disagree.
 
 use super::catalog::{Model, Placement, Profile};
+use super::codes;
 
 /// A GPU instance present on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -51,9 +52,9 @@ impl MigError {
     /// The NVML return code NVIDIA's library gives for this refusal.
     pub fn nvml_code(&self) -> u32 {
         match self {
-            MigError::UnknownProfile { .. } => 3, // NVML_ERROR_NOT_SUPPORTED
-            MigError::BadPlacement { .. } => 2,   // NVML_ERROR_INVALID_ARGUMENT
-            _ => 23,                              // NVML_ERROR_INSUFFICIENT_RESOURCES
+            MigError::UnknownProfile { .. } => codes::NOT_SUPPORTED,
+            MigError::BadPlacement { .. } => codes::INVALID_ARGUMENT,
+            _ => codes::INSUFFICIENT_RESOURCES,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod catalog;
+pub mod codes;
 pub mod fleet;
 pub mod mig;
 pub mod nvml;

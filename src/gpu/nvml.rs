@@ -26,9 +26,7 @@ use super::backend::{
 };
 use super::catalog::{self, Model, Placement};
 
-const SUCCESS: u32 = 0;
-const NOT_FOUND: u32 = 6;
-const NOT_SUPPORTED: u32 = 3;
+use super::codes::{NOT_FOUND, NOT_SUPPORTED, SUCCESS};
 
 /// The GPUs of this node as NVML sees them.
 pub struct NvmlBackend {

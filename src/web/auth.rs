@@ -1,6 +1,8 @@
 //! Who is asking: session or bearer-token authentication, the roles they
 //! hold, the sign-in throttle and the sign-in / sign-out handlers.
 
+use axum::routing::{get, post};
+use axum::Router;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
@@ -49,16 +51,6 @@ impl CurrentUser {
 
     pub fn is_finance(&self) -> bool {
         self.role() == GlobalRole::Finance
-    }
-
-    pub fn require_admin(&self) -> Result<(), AppError> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(AppError::Forbidden(
-                "this page is for platform admins".into(),
-            ))
-        }
     }
 
     pub fn membership(&self, tenant_id: i64) -> Option<&Membership> {
@@ -345,6 +337,47 @@ impl FromRequestParts<AppState> for RequestParts {
     }
 }
 
+/// A signed-in platform admin: the extractor of every `/admin` handler, so
+/// none can forget the check. Anyone else gets 403 (401 when signed out).
+#[derive(Debug, Clone)]
+pub struct Admin(pub CurrentUser);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
+        let user =
+            <CurrentUser as FromRequestParts<AppState>>::from_request_parts(parts, state).await?;
+        if user.is_admin() {
+            Ok(Admin(user))
+        } else {
+            Err(AppError::Forbidden(
+                "this page is for platform admins".into(),
+            ))
+        }
+    }
+}
+
+/// Finance staff or a platform admin: the extractor of the reports.
+#[derive(Debug, Clone)]
+pub struct Finance(pub CurrentUser);
+
+impl FromRequestParts<AppState> for Finance {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
+        let user =
+            <CurrentUser as FromRequestParts<AppState>>::from_request_parts(parts, state).await?;
+        if user.is_finance() || user.is_admin() {
+            Ok(Finance(user))
+        } else {
+            Err(AppError::Forbidden(
+                "reports are for finance and platform admins".into(),
+            ))
+        }
+    }
+}
+
 impl axum::extract::OptionalFromRequestParts<AppState> for CurrentUser {
     type Rejection = AppError;
 
@@ -375,4 +408,11 @@ pub fn generate_token() -> (String, String, String) {
     let prefix = token.chars().take(10).collect();
     let hash = token_hash(&token);
     (token, hash, prefix)
+}
+
+/// Signing in and out.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
 }

@@ -7,9 +7,10 @@ use askama_web::WebTemplate;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::{Form, Json};
+use axum::routing::{get, post};
+use axum::Form;
+use axum::Router;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tower_sessions::Session;
@@ -22,6 +23,9 @@ use super::AppState;
 use crate::booking::{self, BookingError, Created, Offering, Requester};
 use crate::db::{self, bookings::Booking, bookings::Scope};
 use crate::domain::booking::{BookingInput, Kind, Status, Step};
+
+/// Most bookings the list page shows (newest first, live ones first).
+const PAGE_LIMIT: i64 = 300;
 
 /// The rules' view of the signed-in user.
 pub fn requester(u: &CurrentUser) -> Requester {
@@ -42,7 +46,12 @@ pub fn requester(u: &CurrentUser) -> Requester {
 impl From<BookingError> for AppError {
     fn from(e: BookingError) -> Self {
         match e {
-            BookingError::Invalid(_) => AppError::Unprocessable(e.to_string()),
+            BookingError::Invalid(fields) => AppError::Invalid(
+                fields
+                    .into_iter()
+                    .map(|(f, m)| (f.to_string(), m))
+                    .collect(),
+            ),
             BookingError::Refused(m) => AppError::Conflict(m),
             BookingError::NotFound => AppError::NotFound,
             BookingError::Forbidden(m) => AppError::Forbidden(m),
@@ -66,56 +75,6 @@ pub fn datetime_attr(t: &OffsetDateTime) -> String {
     rfc3339(*t)
 }
 
-/// A booking as the API shows it.
-pub fn booking_json(b: &Booking) -> Value {
-    let mut v = json!({
-        "id": b.id,
-        "tenant": b.tenant_slug,
-        "user": b.user_email,
-        "kind": b.kind,
-        "model": b.model.clone().or(b.requested_model.clone()),
-        "start": rfc3339(b.start),
-        "end": rfc3339(b.end),
-        "hours": b.hours,
-        "status": b.status,
-        "priority": b.priority,
-        "memory_gib": b.memory_gib,
-        "compute_slices": b.compute_slices,
-        "gpu": b.gpu_uuid,
-        "node": b.node,
-        "placement": match (b.slice_start, b.slice_end) {
-            (Some(s), Some(e)) => json!({"start": s, "size": e - s}),
-            _ => Value::Null,
-        },
-        "device_uuid": b.device_uuid,
-        "reason": b.reason,
-        "earliest_start": b.offered_start.map(rfc3339),
-        "scheduler": if b.kind == Kind::Timeslice && b.status == Status::Active { b.scheduler.clone().unwrap_or(Value::Null) } else { Value::Null },
-        "created_at": rfc3339(b.created_at),
-    });
-    if let Some(p) = &b.profile {
-        v["profile"] = json!(p);
-    }
-    v
-}
-
-fn offering_json(o: &Offering) -> Value {
-    json!(o)
-}
-
-// ---- JSON API ----------------------------------------------------------
-
-/// `GET /api/v1/offerings`
-pub async fn api_offerings(
-    State(state): State<AppState>,
-    _user: CurrentUser,
-) -> Result<Json<Value>, AppError> {
-    let list = booking::offerings(&state.pool).await?;
-    Ok(Json(
-        json!({ "offerings": list.iter().map(offering_json).collect::<Vec<_>>() }),
-    ))
-}
-
 #[derive(Debug, Deserialize, Default)]
 pub struct ListQuery {
     /// `mine` (default), `tenant` (with `tenant=slug`; managers and admins)
@@ -124,7 +83,11 @@ pub struct ListQuery {
     pub tenant: Option<String>,
 }
 
-async fn scope_of(state: &AppState, user: &CurrentUser, q: &ListQuery) -> Result<Scope, AppError> {
+pub(crate) async fn scope_of(
+    state: &AppState,
+    user: &CurrentUser,
+    q: &ListQuery,
+) -> Result<Scope, AppError> {
     match q
         .scope
         .as_deref()
@@ -153,153 +116,6 @@ async fn scope_of(state: &AppState, user: &CurrentUser, q: &ListQuery) -> Result
             "unknown scope \"{other}\": use mine, tenant or all"
         ))),
     }
-}
-
-/// `GET /api/v1/bookings`
-pub async fn api_list(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Value>, AppError> {
-    let scope = scope_of(&state, &user, &q).await?;
-    let list = db::bookings::list(&state.pool, scope, 500).await?;
-    Ok(Json(
-        json!({ "bookings": list.iter().map(booking_json).collect::<Vec<_>>() }),
-    ))
-}
-
-fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
-    let obj = body
-        .as_object()
-        .ok_or_else(|| AppError::Unprocessable("the body must be a JSON object".into()))?;
-    const FIELDS: [&str; 8] = [
-        "tenant",
-        "kind",
-        "model",
-        "profile",
-        "memory_gib",
-        "priority",
-        "start",
-        "hours",
-    ];
-    if let Some(k) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(AppError::Unprocessable(format!(
-            "{k}: unknown field; the fields are {}",
-            FIELDS.join(", ")
-        )));
-    }
-    let get = |k: &str| -> Result<String, AppError> {
-        match obj.get(k) {
-            None | Some(Value::Null) => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(Value::Number(n)) => Ok(n.to_string()),
-            Some(_) => Err(AppError::Unprocessable(format!(
-                "{k}: give a string or a number"
-            ))),
-        }
-    };
-    Ok(BookingInput {
-        tenant: get("tenant")?,
-        kind: get("kind")?,
-        model: get("model")?,
-        profile: get("profile")?,
-        memory_gib: get("memory_gib")?,
-        priority: get("priority")?,
-        start: get("start")?,
-        tz_offset_minutes: String::new(),
-        hours: get("hours")?,
-    })
-}
-
-/// `POST /api/v1/bookings`: 201 with the booking; with an
-/// `Idempotency-Key` seen before, 200 with the booking it made.
-pub async fn api_create(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> Result<Response, AppError> {
-    let input = input_from_json(&body)?;
-    let req = input
-        .parse()
-        .map_err(|e| AppError::from(BookingError::Invalid(e)))?;
-    let key = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| AppError::BadRequest("Idempotency-Key must be text".into()))?
-                .to_string(),
-        ),
-        None => None,
-    };
-    let who = requester(&user);
-    let created = booking::create(
-        &state.pool,
-        &who,
-        &req,
-        key.as_deref(),
-        &state.booking_settings,
-    )
-    .await?;
-    Ok(match created {
-        Created::New(b) => (StatusCode::CREATED, Json(booking_json(&b))).into_response(),
-        Created::Replayed(b) => (
-            StatusCode::OK,
-            [("idempotent-replayed", "true")],
-            Json(booking_json(&b)),
-        )
-            .into_response(),
-    })
-}
-
-/// `GET /api/v1/bookings/{id}`
-pub async fn api_get(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-) -> Result<Json<Value>, AppError> {
-    let b = booking::visible(&state.pool, &requester(&user), id).await?;
-    Ok(Json(booking_json(&b)))
-}
-
-#[derive(Debug, Deserialize, Default)]
-pub struct ReleaseBody {
-    pub reason: Option<String>,
-}
-
-/// `POST /api/v1/bookings/{id}/release`: releases an active booking,
-/// cancels one that has not started.
-pub async fn api_release(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-    body: Option<Json<ReleaseBody>>,
-) -> Result<Json<Value>, AppError> {
-    let reason = body.and_then(|b| b.0.reason);
-    let b = booking::release(
-        &state.pool,
-        &requester(&user),
-        id,
-        reason.as_deref(),
-        Some(&user.client_addr),
-    )
-    .await?;
-    Ok(Json(booking_json(&b)))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ExtendBody {
-    pub hours: i32,
-}
-
-/// `POST /api/v1/bookings/{id}/extend`
-pub async fn api_extend(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-    Json(body): Json<ExtendBody>,
-) -> Result<Json<Value>, AppError> {
-    let b = booking::extend(&state.pool, &requester(&user), id, body.hours).await?;
-    Ok(Json(booking_json(&b)))
 }
 
 // ---- Pages -------------------------------------------------------------
@@ -512,7 +328,7 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Response, AppError> {
     let scope = scope_of(&state, &user, &q).await?;
-    let bookings = db::bookings::list(&state.pool, scope, 300).await?;
+    let bookings = db::bookings::list(&state.pool, scope, PAGE_LIMIT).await?;
     let scope_name = match scope {
         Scope::User(_) => "mine",
         Scope::Tenant(_) => "tenant",
@@ -823,4 +639,15 @@ pub async fn extend(
             show_error(&state, &session, &user, id, status, msg).await
         }
     }
+}
+
+/// The booking pages (the API's are in `api`).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/bookings", get(list).post(create))
+        .route("/bookings/new", get(new_form))
+        .route("/bookings/availability", get(availability))
+        .route("/bookings/{id}", get(show))
+        .route("/bookings/{id}/release", post(release))
+        .route("/bookings/{id}/extend", post(extend))
 }

@@ -24,6 +24,10 @@ pub enum AppError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
+    /// Bad input, one message per field (422; the API lists them under
+    /// `fields`).
+    #[error("{}", .0.iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<(String, String)>),
     #[error("the form has expired or did not come from this site; reload the page and try again")]
     Csrf,
     #[error("too many attempts; try again in {0} seconds")]
@@ -42,6 +46,11 @@ impl From<sqlx::Error> for AppError {
 }
 
 impl AppError {
+    /// Bad input in one field.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        AppError::Invalid(vec![(field.to_string(), message.into())])
+    }
+
     pub fn forbidden() -> Self {
         AppError::Forbidden("you do not have access to this page".into())
     }
@@ -53,7 +62,7 @@ impl AppError {
             AppError::NotFound => StatusCode::NOT_FOUND,
             AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
             AppError::Conflict(_) => StatusCode::CONFLICT,
-            AppError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            AppError::Unprocessable(_) | AppError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AppError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -66,7 +75,7 @@ impl AppError {
             AppError::NotFound => "not_found",
             AppError::BadRequest(_) => "bad_request",
             AppError::Conflict(_) => "conflict",
-            AppError::Unprocessable(_) => "unprocessable",
+            AppError::Unprocessable(_) | AppError::Invalid(_) => "unprocessable",
             AppError::Csrf => "csrf",
             AppError::TooManyRequests(_) => "too_many_requests",
             AppError::Internal(_) => "internal",
@@ -79,6 +88,8 @@ impl AppError {
 pub struct ErrorInfo {
     pub code: &'static str,
     pub message: String,
+    /// Invalid input: field -> message.
+    pub fields: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl IntoResponse for AppError {
@@ -92,9 +103,14 @@ impl IntoResponse for AppError {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
         }
+        let fields = match &self {
+            AppError::Invalid(f) => Some(f.iter().cloned().collect()),
+            _ => None,
+        };
         resp.extensions_mut().insert(ErrorInfo {
             code: self.code(),
             message: self.to_string(),
+            fields,
         });
         resp
     }
@@ -147,6 +163,7 @@ pub async fn render_errors(req: Request, next: Next) -> Response {
                 } else {
                     message
                 },
+                fields: None,
             };
             let mut rebuilt = Response::from_parts(parts, axum::body::Body::empty());
             rebuilt.extensions_mut().insert(info.clone());
@@ -176,12 +193,17 @@ fn finish(
     let (mut parts, _) = resp.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     if api {
-        let body = serde_json::json!({ "error": info.code, "message": info.message });
+        let body = super::api::views::ErrorBody {
+            error: info.code.to_string(),
+            message: info.message,
+            fields: info.fields,
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
         parts.headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        Response::from_parts(parts, axum::body::Body::from(body.to_string()))
+        Response::from_parts(parts, axum::body::Body::from(body))
     } else {
         let page = ErrorPage::new(status, &info.message);
         parts.headers.insert(

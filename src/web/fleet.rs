@@ -7,10 +7,12 @@ use askama_web::WebTemplate;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use serde_json::json;
 use tower_sessions::Session;
 
-use super::auth::CurrentUser;
+use super::auth::Admin;
 use super::error::AppError;
 use super::pages::{flash, PageCtx};
 use super::AppState;
@@ -244,10 +246,9 @@ pub struct FleetTable {
 pub async fn fleet(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     headers: HeaderMap,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let list = db::fleet::list(&state.pool).await?;
     let frag = fragmentation(&state.pool, &list).await?;
     let gpus: Vec<GpuView> = list
@@ -280,11 +281,10 @@ pub async fn fleet(
 async fn set_drained(
     state: &AppState,
     session: &Session,
-    user: &CurrentUser,
+    Admin(user): &Admin,
     id: i64,
     drained: bool,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let gpu = db::fleet::get(&state.pool, id).await?;
     let mut tx = state.pool.begin().await?;
     db::fleet::set_drained(&mut *tx, id, drained).await?;
@@ -324,11 +324,10 @@ pub struct ModeForm {
 pub async fn switch_mode(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
     axum::Form(form): axum::Form<ModeForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let gpu = db::fleet::get(&state.pool, id).await?;
     let mode = match form.mode.as_str() {
         "mig" => GpuMode::Mig,
@@ -375,17 +374,26 @@ pub async fn switch_mode(
 pub async fn drain(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<Response, AppError> {
-    set_drained(&state, &session, &user, id, true).await
+    set_drained(&state, &session, &Admin(user), id, true).await
 }
 
 pub async fn undrain(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<Response, AppError> {
-    set_drained(&state, &session, &user, id, false).await
+    set_drained(&state, &session, &Admin(user), id, false).await
+}
+
+/// The fleet page and its GPU actions (admins).
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/fleet", get(fleet))
+        .route("/admin/gpus/{id}/drain", post(drain))
+        .route("/admin/gpus/{id}/undrain", post(undrain))
+        .route("/admin/gpus/{id}/mode", post(switch_mode))
 }

@@ -3,6 +3,8 @@
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::Router;
 use tower_sessions::Session;
 
 use super::auth::CurrentUser;
@@ -156,4 +158,11 @@ pub async fn tenant(
         members,
         qos: db::bookings::qos_ledger(&state.pool, id, 100).await?,
     })
+}
+
+/// The dashboard and tenant pages.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/tenants/{slug}", get(tenant))
 }

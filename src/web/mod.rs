@@ -22,8 +22,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::http::{header, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
-use axum::response::{Redirect, Response};
-use axum::routing::{get, post};
+use axum::response::Response;
 use axum::Router;
 use sqlx::PgPool;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -136,61 +135,15 @@ pub fn router(state: AppState) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
 
     Router::new()
-        .route("/", get(home::dashboard))
-        .route("/login", get(auth::login_page).post(auth::login))
-        .route("/logout", post(auth::logout))
-        .route("/tenants/{slug}", get(home::tenant))
-        .route("/bookings", get(bookings::list).post(bookings::create))
-        .route("/bookings/new", get(bookings::new_form))
-        .route("/bookings/availability", get(bookings::availability))
-        .route("/bookings/{id}", get(bookings::show))
-        .route("/bookings/{id}/release", post(bookings::release))
-        .route("/bookings/{id}/extend", post(bookings::extend))
-        .route("/usage", get(usage::usage_page))
-        .route("/reports", get(usage::reports))
-        .route("/reports/", get(|| async { Redirect::to("/reports") }))
-        .route("/reports/usage.csv", get(usage::usage_csv))
-        .route("/admin/tariffs", get(usage::tariffs).post(usage::set_tariff))
-        .route("/admin/tariffs/{id}/delete", post(usage::delete_tariff))
-        .route("/settings/tokens", get(settings::tokens).post(settings::create_token))
-        .route("/settings/tokens/{id}/revoke", post(settings::revoke_token))
-        .route("/admin", get(|| async { Redirect::to("/admin/tenants") }))
-        .route("/admin/", get(|| async { Redirect::to("/admin/tenants") }))
-        .route("/admin/tenants", get(admin::tenants).post(admin::create_tenant))
-        .route("/admin/tenants/new", get(admin::new_tenant))
-        .route("/admin/tenants/{id}", get(admin::edit_tenant).post(admin::update_tenant))
-        .route("/admin/tenants/{id}/archive", post(admin::archive_tenant))
-        .route("/admin/tenants/{id}/restore", post(admin::restore_tenant))
-        .route("/admin/users", get(admin::users).post(admin::create_user))
-        .route("/admin/users/new", get(admin::new_user))
-        .route("/admin/users/{id}", get(admin::edit_user).post(admin::update_user))
-        .route("/admin/users/{id}/disable", post(admin::disable_user))
-        .route("/admin/users/{id}/enable", post(admin::enable_user))
-        .route("/admin/users/{id}/password", post(admin::reset_password))
-        .route("/admin/users/{id}/unix-user", post(admin::set_unix_user))
-        .route("/admin/users/{id}/memberships", post(admin::add_membership))
-        .route(
-            "/admin/users/{id}/memberships/{tenant_id}/remove",
-            post(admin::remove_membership),
-        )
-        .route("/admin/audit", get(admin::audit))
-        .route("/admin/fleet", get(fleet::fleet))
-        .route("/admin/gpus/{id}/drain", post(fleet::drain))
-        .route("/admin/gpus/{id}/undrain", post(fleet::undrain))
-        .route("/admin/gpus/{id}/mode", post(fleet::switch_mode))
-        .route("/api/v1/me", get(api::me))
-        .route("/api/v1/tenants", get(api::tenants))
-        .route("/api/v1/offerings", get(bookings::api_offerings))
-        .route("/api/v1/usage", get(usage::api_usage))
-        .route("/api/v1/bookings", get(bookings::api_list).post(bookings::api_create))
-        .route("/api/v1/bookings/{id}", get(bookings::api_get))
-        .route("/api/v1/bookings/{id}/release", post(bookings::api_release))
-        .route("/api/v1/bookings/{id}/extend", post(bookings::api_extend))
-        .route("/api/v1/openapi.json", get(api::openapi))
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .route("/static/{*path}", get(assets::serve))
+        .merge(home::routes())
+        .merge(auth::routes())
+        .merge(bookings::routes())
+        .merge(usage::routes())
+        .merge(settings::routes())
+        .merge(admin::routes())
+        .merge(fleet::routes())
+        .merge(ops::routes())
+        .nest(api::BASE, api::routes())
         .fallback(not_found)
         // Layers run bottom-up on the way in: the request id first, the
         // CSRF check last, right before the handler.

@@ -1,5 +1,7 @@
 //! Operations endpoints and HTTP metrics: `/healthz`, `/readyz`, `/metrics`.
 
+use axum::routing::get;
+use axum::Router;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -218,4 +220,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Health, readiness, metrics and the static assets.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/static/{*path}", get(super::assets::serve))
 }

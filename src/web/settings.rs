@@ -5,7 +5,9 @@ use askama_web::WebTemplate;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
 use axum::Form;
+use axum::Router;
 use serde::Deserialize;
 use serde_json::json;
 use tower_sessions::Session;
@@ -136,4 +138,11 @@ pub async fn revoke_token(
     tx.commit().await?;
     flash(&session, "Token revoked.").await?;
     Ok(Redirect::to("/settings/tokens").into_response())
+}
+
+/// A person's API tokens.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/settings/tokens", get(tokens).post(create_token))
+        .route("/settings/tokens/{id}/revoke", post(revoke_token))
 }

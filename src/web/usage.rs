@@ -7,14 +7,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::{Form, Json};
+use axum::routing::{get, post};
+use axum::Form;
+use axum::Router;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use time::{Date, Duration, OffsetDateTime};
 use tower_sessions::Session;
 
-use super::auth::CurrentUser;
+use super::auth::{Admin, CurrentUser, Finance};
 use super::error::AppError;
 use super::forms::FieldErrors;
 use super::pages::{flash, PageCtx};
@@ -54,7 +56,7 @@ fn parse_date(raw: &str, field: &str) -> Result<Option<Date>, AppError> {
 }
 
 /// The period asked for; default: this month so far.
-fn period(p: &Period) -> Result<(Date, Date), AppError> {
+pub(crate) fn period(p: &Period) -> Result<(Date, Date), AppError> {
     let today = OffsetDateTime::now_utc().date();
     let from =
         parse_date(&p.from, "from")?.unwrap_or_else(|| today.replace_day(1).unwrap_or(today));
@@ -74,13 +76,17 @@ fn period(p: &Period) -> Result<(Date, Date), AppError> {
 
 /// Whose usage a member may see: their own, or as a manager (or admin,
 /// finance) a tenant's.
-enum Whose {
+pub(crate) enum Whose {
     Mine(i64),
     Tenant(i64),
     All,
 }
 
-async fn whose(state: &AppState, user: &CurrentUser, tenant: &str) -> Result<Whose, AppError> {
+pub(crate) async fn whose(
+    state: &AppState,
+    user: &CurrentUser,
+    tenant: &str,
+) -> Result<Whose, AppError> {
     if tenant.is_empty() {
         return Ok(Whose::Mine(user.user.id));
     }
@@ -108,7 +114,7 @@ async fn whose(state: &AppState, user: &CurrentUser, tenant: &str) -> Result<Who
     }
 }
 
-fn split(w: &Whose) -> (Option<i64>, Option<i64>) {
+pub(crate) fn split(w: &Whose) -> (Option<i64>, Option<i64>) {
     match w {
         Whose::Mine(u) => (None, Some(*u)),
         Whose::Tenant(t) => (Some(*t), None),
@@ -234,7 +240,7 @@ pub async fn usage_page(
                 x: i as f64 * slot + slot * 0.1,
                 width: slot * 0.8,
                 segments,
-                total: segs.iter().map(|s| s.2).sum(),
+                total: sum(segs.iter().map(|s| s.2)),
             }
         })
         .collect();
@@ -262,7 +268,7 @@ pub async fn usage_page(
         }
     }
     drop(stream);
-    let total = per_what.iter().map(|p| p.2).sum();
+    let total = sum(per_what.iter().map(|p| p.2));
     let tenants = user
         .memberships
         .iter()
@@ -293,48 +299,7 @@ pub async fn usage_page(
     })
 }
 
-/// `GET /api/v1/usage?from=&to=[&tenant=]`: usage per booking per day.
-pub async fn api_usage(
-    State(state): State<AppState>,
-    user: CurrentUser,
-    Query(q): Query<Period>,
-) -> Result<Json<Value>, AppError> {
-    let (from, to) = period(&q)?;
-    let w = whose(&state, &user, &q.tenant).await?;
-    let (tenant_id, user_id) = split(&w);
-    let mut out = Vec::new();
-    let mut stream = db::usage::day_rows(&state.pool, from, to, tenant_id, user_id);
-    while let Some(r) = stream.next().await {
-        let r = r?;
-        out.push(json!({
-            "date": r.day.to_string(), "tenant": r.tenant_slug, "user": r.user_email,
-            "booking": r.booking_id, "kind": r.kind, "model": r.model, "profile_or_share": r.what,
-            "slice_seconds": r.slice_seconds, "slice_hours": r.slice_seconds / 3600.0,
-            "gib_hours": r.gib_seconds / 3600.0, "cost": r.cost,
-        }));
-        if out.len() >= 100_000 {
-            return Err(AppError::Unprocessable(
-                "more than 100,000 rows: ask for a shorter period or use /reports/usage.csv".into(),
-            ));
-        }
-    }
-    Ok(Json(json!({
-        "from": from.to_string(), "to": to.to_string(),
-        "currency": &*state.currency, "usage": out,
-    })))
-}
-
 // ---- /reports ------------------------------------------------------------
-
-fn require_finance(user: &CurrentUser) -> Result<(), AppError> {
-    if user.is_finance() || user.is_admin() {
-        Ok(())
-    } else {
-        Err(AppError::Forbidden(
-            "reports are for finance and platform admins".into(),
-        ))
-    }
-}
 
 #[derive(Template, WebTemplate)]
 #[template(path = "reports.html")]
@@ -366,10 +331,9 @@ async fn tenant_filter(state: &AppState, slug: &str) -> Result<Option<i64>, AppE
 pub async fn reports(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Finance(user): Finance,
     Query(q): Query<Period>,
 ) -> Result<ReportsPage, AppError> {
-    require_finance(&user)?;
     let (from, to) = period(&q)?;
     let tenant_id = tenant_filter(&state, &q.tenant).await?;
     let totals = db::usage::totals(&state.pool, from, to, tenant_id).await?;
@@ -392,8 +356,8 @@ pub async fn reports(
             .into_iter()
             .map(|t| (t.slug, t.name))
             .collect(),
-        sum_cost: totals.iter().map(|t| t.cost).sum(),
-        sum_hours: totals.iter().map(|t| t.slice_hours).sum(),
+        sum_cost: sum(totals.iter().map(|t| t.cost)),
+        sum_hours: sum(totals.iter().map(|t| t.slice_hours)),
         unpriced: totals.iter().map(|t| t.unpriced_rows).sum(),
         totals,
         currency: state.currency.to_string(),
@@ -576,9 +540,8 @@ async fn tariffs_page(
 pub async fn tariffs(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
 ) -> Result<TariffsPage, AppError> {
-    user.require_admin()?;
     let form = TariffForm {
         effective_from: OffsetDateTime::now_utc().date().to_string(),
         kind: "mig".into(),
@@ -604,10 +567,9 @@ fn parse_price(raw: &str) -> Result<String, String> {
 pub async fn set_tariff(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Form(form): Form<TariffForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let mut errors = FieldErrors::default();
     if catalog::model(form.model.trim()).is_none() {
         errors.add("model", "choose a GPU model from the catalog");
@@ -667,10 +629,9 @@ pub async fn set_tariff(
 pub async fn delete_tariff(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<Redirect, AppError> {
-    user.require_admin()?;
     let mut tx = state.pool.begin().await?;
     if !db::usage::delete_tariff(&mut *tx, id).await? {
         return Err(AppError::NotFound);
@@ -686,4 +647,30 @@ pub async fn delete_tariff(
     tx.commit().await?;
     flash(&session, "Tariff removed.").await?;
     Ok(Redirect::to("/admin/tariffs"))
+}
+
+/// Usage history, finance reports and the CSV, tariffs.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/usage", get(usage_page))
+        .route("/reports", get(reports))
+        .route("/reports/", get(|| async { Redirect::to("/reports") }))
+        .route("/reports/usage.csv", get(usage_csv))
+        .route("/admin/tariffs", get(tariffs).post(set_tariff))
+        .route("/admin/tariffs/{id}/delete", post(delete_tariff))
+}
+
+/// A sum that reads 0.0 when there is nothing to add: Rust's float sum of
+/// nothing is -0.0, which the pages printed as "-0.0 slice-hours".
+fn sum(values: impl Iterator<Item = f64>) -> f64 {
+    values.sum::<f64>() + 0.0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_empty_period_sums_to_plain_zero() {
+        let total = super::sum(std::iter::empty());
+        assert_eq!(format!("{total:.1}"), "0.0");
+    }
 }

@@ -341,3 +341,157 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+// ---- A simulated GPU node in the test process ------------------------------
+
+/// One node of a simulated fleet driven from the test: its backend, its
+/// inventory reports and single passes of its booking worker.
+pub struct SimNode {
+    pub name: String,
+    pub backend: std::sync::Arc<gpuslice::gpu::sim::SimBackend>,
+}
+
+impl SimNode {
+    /// Opens node `name` of `fleet` (TOML) in memory and reports its GPUs
+    /// (`max_shares` each) to the app's database.
+    pub async fn register(app: &TestApp, fleet: &str, name: &str, max_shares: i32) -> SimNode {
+        let fleet = gpuslice::gpu::fleet::Fleet::parse(fleet).unwrap();
+        SimNode::register_fleet(app, &fleet, name, max_shares).await
+    }
+
+    /// As [`SimNode::register`], for a parsed fleet.
+    pub async fn register_fleet(
+        app: &TestApp,
+        fleet: &gpuslice::gpu::fleet::Fleet,
+        name: &str,
+        max_shares: i32,
+    ) -> SimNode {
+        let backend =
+            std::sync::Arc::new(gpuslice::gpu::sim::SimBackend::open(fleet, name, None).unwrap());
+        let node = SimNode {
+            name: name.to_string(),
+            backend,
+        };
+        node.report(app, max_shares).await;
+        node
+    }
+
+    /// The backend as the worker sees it.
+    pub fn dyn_backend(&self) -> std::sync::Arc<dyn gpuslice::gpu::GpuBackend> {
+        self.backend.clone()
+    }
+
+    /// One inventory report.
+    pub async fn report(&self, app: &TestApp, max_shares: i32) {
+        gpuslice::worker::report_inventory(&app.pool, &self.name, self.dyn_backend(), move |_| {
+            max_shares
+        })
+        .await
+        .unwrap();
+    }
+
+    /// One pass of the node's booking worker (grace period 100 ms).
+    pub async fn step(&self, app: &TestApp) -> usize {
+        let settings = gpuslice::worker::bookings::Settings {
+            grace: std::time::Duration::from_millis(100),
+            ..Default::default()
+        };
+        gpuslice::worker::bookings::step(
+            &app.pool,
+            &self.name,
+            &format!("{}/test", self.name),
+            self.dyn_backend(),
+            &settings,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+// ---- A worker process ------------------------------------------------------
+
+/// `gpuslice worker --node NAME` as a child process on a simulated fleet
+/// of its own (a fleet file and data directory under the temp folder,
+/// removed on drop), against the test's database.
+pub struct WorkerProcess {
+    pub name: String,
+    pub dir: std::path::PathBuf,
+    pub url: String,
+}
+
+impl WorkerProcess {
+    /// A node named `name` with `fleet_toml` as its fleet file, in a folder
+    /// keyed by `tag` and the test's database.
+    pub fn new(app: &TestApp, tag: &str, name: &str, fleet_toml: &str) -> WorkerProcess {
+        let dir = std::env::temp_dir().join(format!(
+            "gpuslice-{tag}-{}-{}",
+            std::process::id(),
+            app.db_name
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("fleet.toml"), fleet_toml).unwrap();
+        WorkerProcess {
+            name: name.to_string(),
+            url: database_url(&app.options, &app.db_name),
+            dir,
+        }
+    }
+
+    /// The command that starts the worker (fast ticks, logs at warn);
+    /// callers add their own settings before spawning.
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpuslice"));
+        cmd.args(["worker", "--node", &self.name])
+            .env("DATABASE_URL", &self.url)
+            .env("GPUSLICE_DATA_DIR", &self.dir)
+            .env("GPUSLICE_FLEET", self.dir.join("fleet.toml"))
+            .env("GPUSLICE_BACKEND", "sim")
+            .env("GPUSLICE_WORKER_TICK_MS", "100")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null());
+        cmd
+    }
+
+    /// The `gpuslice exec` socket.
+    pub fn socket(&self) -> std::path::PathBuf {
+        self.dir.join("exec.sock")
+    }
+
+    /// The simulated hardware's state file, as JSON (`Null` before the
+    /// worker wrote it).
+    pub fn hardware(&self) -> serde_json::Value {
+        let path = self.dir.join(format!("sim/sim-{}.json", self.name));
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The booking rules' view of a plain member of one tenant.
+pub async fn member(app: &TestApp, email: &str, tenant: &str) -> gpuslice::booking::Requester {
+    let user_id: i64 = sqlx::query_scalar("SELECT id FROM users WHERE email = $1")
+        .bind(email)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let tenant_id: i64 = sqlx::query_scalar("SELECT id FROM tenants WHERE slug = $1")
+        .bind(tenant)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    gpuslice::booking::Requester {
+        user_id,
+        email: email.to_string(),
+        is_admin: false,
+        is_finance: false,
+        tenants: vec![(tenant_id, tenant.to_string(), false)],
+    }
+}

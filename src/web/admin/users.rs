@@ -1,9 +1,8 @@
-//! Admin pages: tenants and their quotas, users and memberships, the audit
-//! log. Every handler starts with `require_admin`.
+//! Users, their platform roles, Unix accounts and memberships.
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
@@ -11,374 +10,13 @@ use serde::Deserialize;
 use serde_json::json;
 use tower_sessions::Session;
 
-use super::auth::CurrentUser;
-use super::error::AppError;
-use super::forms::{Field, FieldErrors};
-use super::pages::{flash, PageCtx};
-use super::AppState;
-use crate::db::{self, tenants::Member, tenants::Tenant, users::Membership, users::User};
-use crate::domain::{
-    self, parse_name, Email, GlobalRole, Password, Priority, Quota, QuotaField, QuotaInput, Slug,
-    TenantRole,
-};
-
-// ---------------------------------------------------------------- tenants
-
-#[derive(Template, WebTemplate)]
-#[template(path = "admin/tenants.html")]
-pub struct TenantsPage {
-    ctx: PageCtx,
-    tenants: Vec<Tenant>,
-}
-
-pub async fn tenants(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-) -> Result<TenantsPage, AppError> {
-    user.require_admin()?;
-    Ok(TenantsPage {
-        ctx: PageCtx::new(&session, Some(&user)).await?,
-        tenants: db::tenants::list(&state.pool).await?,
-    })
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "admin/tenant_form.html")]
-pub struct TenantFormPage {
-    ctx: PageCtx,
-    tenant: Option<Tenant>,
-    slug: String,
-    name: String,
-    fields: Vec<Field>,
-    errors: FieldErrors,
-    members: Vec<Member>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct TenantForm {
-    #[serde(default)]
-    slug: String,
-    #[serde(default)]
-    name: String,
-    #[serde(flatten)]
-    quota: QuotaInput,
-}
-
-/// The quota inputs of the tenant form, in order, with their messages.
-fn quota_fields(q: &QuotaInput, errors: &FieldErrors) -> Vec<Field> {
-    let f = |name: QuotaField, label, hint, value: &str, min, max| Field {
-        name: name.name(),
-        label,
-        hint,
-        value: value.to_string(),
-        error: errors.get(name.name()).cloned(),
-        kind: "number",
-        options: Vec::new(),
-        min,
-        max,
-    };
-    vec![
-        f(
-            QuotaField::MaxActiveBookings,
-            "Active bookings",
-            "bookings live at the same time",
-            &q.max_active_bookings,
-            "0",
-            "1000",
-        ),
-        f(
-            QuotaField::MaxGpuMemoryGib,
-            "GPU memory (GiB)",
-            "booked at the same time",
-            &q.max_gpu_memory_gib,
-            "0",
-            "100000",
-        ),
-        f(
-            QuotaField::MaxComputeSlices,
-            "Compute slices",
-            "at the same time; a whole GPU has 7",
-            &q.max_compute_slices,
-            "0",
-            "10000",
-        ),
-        f(
-            QuotaField::MonthlySliceHours,
-            "Monthly slice-hours",
-            "budget; 1 slice for 1 hour = 1",
-            &q.monthly_slice_hours,
-            "0",
-            "10000000",
-        ),
-        f(
-            QuotaField::MaxBookingHours,
-            "Longest booking (hours)",
-            "1 to 2160",
-            &q.max_booking_hours,
-            "1",
-            "2160",
-        ),
-        f(
-            QuotaField::GuaranteedSharePct,
-            "Guaranteed share (%)",
-            "QoS floor for time-sliced shares",
-            &q.guaranteed_share_pct,
-            "0",
-            "100",
-        ),
-        Field {
-            kind: "select",
-            options: Priority::ALL.iter().map(|p| p.as_str()).collect(),
-            ..f(
-                QuotaField::DefaultPriority,
-                "Default priority",
-                "for time-sliced shares",
-                &q.default_priority,
-                "",
-                "",
-            )
-        },
-        Field {
-            kind: "text",
-            ..f(
-                QuotaField::AllowedModels,
-                "Allowed GPU models",
-                "comma-separated; empty allows all",
-                &q.allowed_models,
-                "",
-                "",
-            )
-        },
-        Field {
-            kind: "text",
-            ..f(
-                QuotaField::AllowedProfiles,
-                "Allowed MIG profiles",
-                "comma-separated; empty allows all",
-                &q.allowed_profiles,
-                "",
-                "",
-            )
-        },
-    ]
-}
-
-pub async fn new_tenant(session: Session, user: CurrentUser) -> Result<TenantFormPage, AppError> {
-    user.require_admin()?;
-    let errors = FieldErrors::default();
-    Ok(TenantFormPage {
-        ctx: PageCtx::new(&session, Some(&user)).await?,
-        tenant: None,
-        slug: String::new(),
-        name: String::new(),
-        fields: quota_fields(&QuotaInput::from(&Quota::default()), &errors),
-        errors,
-        members: Vec::new(),
-    })
-}
-
-fn parse_tenant_form(
-    form: &TenantForm,
-    creating: bool,
-) -> Result<(Option<Slug>, String, Quota), FieldErrors> {
-    let mut errors = FieldErrors::default();
-    let slug = if creating {
-        match Slug::parse(&form.slug) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                errors.add("slug", e);
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let name = parse_name(&form.name, "name").unwrap_or_else(|e| {
-        errors.add("name", e);
-        String::new()
-    });
-    let quota = form.quota.parse().unwrap_or_else(|errs| {
-        for (field, msg) in errs {
-            errors.add(field.name(), msg);
-        }
-        Quota::default()
-    });
-    if errors.is_empty() {
-        Ok((slug, name, quota))
-    } else {
-        Err(errors)
-    }
-}
-
-fn quota_json(q: &Quota) -> serde_json::Value {
-    json!({
-        "max_active_bookings": q.max_active_bookings,
-        "max_gpu_memory_gib": q.max_gpu_memory_gib,
-        "max_compute_slices": q.max_compute_slices,
-        "default_priority": q.default_priority.as_str(),
-        "guaranteed_share_pct": q.guaranteed_share_pct,
-        "monthly_slice_hours": q.monthly_slice_hours,
-        "max_booking_hours": q.max_booking_hours,
-        "allowed_models": q.allowed_models,
-        "allowed_profiles": q.allowed_profiles,
-    })
-}
-
-pub async fn create_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Form(form): Form<TenantForm>,
-) -> Result<Response, AppError> {
-    user.require_admin()?;
-    let rerender = |errors: FieldErrors| async {
-        let page = TenantFormPage {
-            ctx: PageCtx::new(&session, Some(&user)).await?,
-            tenant: None,
-            slug: form.slug.trim().to_string(),
-            name: form.name.trim().to_string(),
-            fields: quota_fields(&form.quota, &errors),
-            errors,
-            members: Vec::new(),
-        };
-        Ok::<_, AppError>((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
-    };
-    let (slug, name, quota) = match parse_tenant_form(&form, true) {
-        Ok(v) => v,
-        Err(errors) => return rerender(errors).await,
-    };
-    let Some(slug) = slug else {
-        return Err(AppError::BadRequest("missing slug".into()));
-    };
-    let mut tx = state.pool.begin().await?;
-    let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
-        Ok(id) => id,
-        Err(e) if db::is_unique_violation(&e, "tenants_slug_key") => {
-            let mut errors = FieldErrors::default();
-            errors.add("slug", format!("the slug \"{slug}\" is taken"));
-            return rerender(errors).await;
-        }
-        Err(e) => return Err(e.into()),
-    };
-    db::audit::record(
-        &mut *tx,
-        &user.actor(),
-        "tenant.created",
-        slug.as_str(),
-        json!({"name": name, "quota": quota_json(&quota)}),
-    )
-    .await?;
-    tx.commit().await?;
-    flash(&session, format!("Tenant {name} created.")).await?;
-    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
-}
-
-pub async fn edit_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-) -> Result<TenantFormPage, AppError> {
-    user.require_admin()?;
-    let tenant = db::tenants::get(&state.pool, id).await?;
-    let members = db::tenants::members(&state.pool, id).await?;
-    let errors = FieldErrors::default();
-    Ok(TenantFormPage {
-        ctx: PageCtx::new(&session, Some(&user)).await?,
-        slug: tenant.slug.clone(),
-        name: tenant.name.clone(),
-        fields: quota_fields(&QuotaInput::from(&tenant.quota), &errors),
-        errors,
-        tenant: Some(tenant),
-        members,
-    })
-}
-
-pub async fn update_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-    Form(form): Form<TenantForm>,
-) -> Result<Response, AppError> {
-    user.require_admin()?;
-    let tenant = db::tenants::get(&state.pool, id).await?;
-    let (_, name, quota) = match parse_tenant_form(&form, false) {
-        Ok(v) => v,
-        Err(errors) => {
-            let members = db::tenants::members(&state.pool, id).await?;
-            let page = TenantFormPage {
-                ctx: PageCtx::new(&session, Some(&user)).await?,
-                slug: tenant.slug.clone(),
-                name: form.name.trim().to_string(),
-                fields: quota_fields(&form.quota, &errors),
-                errors,
-                tenant: Some(tenant),
-                members,
-            };
-            return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
-        }
-    };
-    // The same row lock a booking's quota check takes: an edit never
-    // interleaves with a check.
-    let mut tx = state.pool.begin().await?;
-    let before = db::tenants::get_for_update(&mut tx, id).await?;
-    db::tenants::update(&mut tx, id, &name, &quota).await?;
-    db::audit::record(
-        &mut *tx,
-        &user.actor(),
-        "tenant.updated",
-        &before.slug,
-        json!({"before": {"name": before.name, "quota": quota_json(&before.quota)},
-               "after": {"name": name, "quota": quota_json(&quota)}}),
-    )
-    .await?;
-    tx.commit().await?;
-    flash(&session, format!("Tenant {name} saved.")).await?;
-    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
-}
-
-async fn set_tenant_archived(
-    state: &AppState,
-    session: &Session,
-    user: &CurrentUser,
-    id: i64,
-    archived: bool,
-) -> Result<Response, AppError> {
-    user.require_admin()?;
-    let tenant = db::tenants::get(&state.pool, id).await?;
-    let mut tx = state.pool.begin().await?;
-    db::tenants::set_archived(&mut *tx, id, archived).await?;
-    let action = if archived {
-        "tenant.archived"
-    } else {
-        "tenant.restored"
-    };
-    db::audit::record(&mut *tx, &user.actor(), action, &tenant.slug, json!({})).await?;
-    tx.commit().await?;
-    let verb = if archived { "archived" } else { "restored" };
-    flash(session, format!("Tenant {} {verb}.", tenant.name)).await?;
-    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
-}
-
-pub async fn archive_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-) -> Result<Response, AppError> {
-    set_tenant_archived(&state, &session, &user, id, true).await
-}
-
-pub async fn restore_tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Path(id): Path<i64>,
-) -> Result<Response, AppError> {
-    set_tenant_archived(&state, &session, &user, id, false).await
-}
+use crate::db::{self, tenants::Tenant, users::Membership, users::User};
+use crate::domain::{self, parse_name, Email, GlobalRole, Password, TenantRole};
+use crate::web::auth::{Admin, CurrentUser};
+use crate::web::error::AppError;
+use crate::web::forms::FieldErrors;
+use crate::web::pages::{flash, PageCtx};
+use crate::web::AppState;
 
 // ------------------------------------------------------------------ users
 
@@ -398,9 +36,8 @@ pub struct UsersPage {
 pub async fn users(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
 ) -> Result<UsersPage, AppError> {
-    user.require_admin()?;
     let mut rows = Vec::new();
     for u in db::users::list(&state.pool).await? {
         let tenants = db::users::memberships(&state.pool, u.id)
@@ -434,8 +71,7 @@ pub struct NewUserPage {
     errors: FieldErrors,
 }
 
-pub async fn new_user(session: Session, user: CurrentUser) -> Result<NewUserPage, AppError> {
-    user.require_admin()?;
+pub async fn new_user(session: Session, Admin(user): Admin) -> Result<NewUserPage, AppError> {
     Ok(NewUserPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
         email: String::new(),
@@ -461,10 +97,9 @@ pub struct NewUserForm {
 pub async fn create_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Form(form): Form<NewUserForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let mut errors = FieldErrors::default();
     let email = Email::parse(&form.email)
         .map_err(|e| errors.add("email", e))
@@ -580,10 +215,9 @@ async fn user_page(
 pub async fn edit_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<UserPage, AppError> {
-    user.require_admin()?;
     user_page(&state, &session, &user, id, FieldErrors::default(), None).await
 }
 
@@ -598,11 +232,10 @@ pub struct ProfileForm {
 pub async fn update_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
     Form(form): Form<ProfileForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let mut errors = FieldErrors::default();
     let name = parse_name(&form.display_name, "display name")
@@ -656,11 +289,10 @@ pub struct UnixUserForm {
 pub async fn set_unix_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
     Form(form): Form<UnixUserForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let value = match crate::domain::parse_unix_user(&form.unix_user) {
         Ok(v) => v,
@@ -699,11 +331,10 @@ pub async fn set_unix_user(
 async fn set_user_disabled(
     state: &AppState,
     session: &Session,
-    user: &CurrentUser,
+    Admin(user): &Admin,
     id: i64,
     disabled: bool,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     if disabled && id == user.user.id {
         return Err(AppError::Conflict(
             "you cannot disable your own account".into(),
@@ -734,19 +365,19 @@ async fn set_user_disabled(
 pub async fn disable_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<Response, AppError> {
-    set_user_disabled(&state, &session, &user, id, true).await
+    set_user_disabled(&state, &session, &Admin(user), id, true).await
 }
 
 pub async fn enable_user(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
 ) -> Result<Response, AppError> {
-    set_user_disabled(&state, &session, &user, id, false).await
+    set_user_disabled(&state, &session, &Admin(user), id, false).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -758,11 +389,10 @@ pub struct PasswordForm {
 pub async fn reset_password(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
     Form(form): Form<PasswordForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let password = match Password::new(&form.password, Some(&subject.email)) {
         Ok(p) => p,
@@ -807,11 +437,10 @@ pub struct MembershipForm {
 pub async fn add_membership(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path(id): Path<i64>,
     Form(form): Form<MembershipForm>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let mut errors = FieldErrors::default();
     let role = TenantRole::parse(&form.role)
@@ -866,10 +495,9 @@ pub async fn add_membership(
 pub async fn remove_membership(
     State(state): State<AppState>,
     session: Session,
-    user: CurrentUser,
+    Admin(user): Admin,
     Path((id, tenant_id)): Path<(i64, i64)>,
 ) -> Result<Response, AppError> {
-    user.require_admin()?;
     let subject = db::users::get(&state.pool, id).await?;
     let tenant = db::tenants::get(&state.pool, tenant_id).await?;
     let mut tx = state.pool.begin().await?;
@@ -887,63 +515,4 @@ pub async fn remove_membership(
     tx.commit().await?;
     flash(&session, format!("{} left {}.", subject.email, tenant.name)).await?;
     Ok(Redirect::to(&format!("/admin/users/{id}")).into_response())
-}
-
-// -------------------------------------------------------------- audit log
-
-#[derive(Template, WebTemplate)]
-#[template(path = "admin/audit.html")]
-pub struct AuditPage {
-    ctx: PageCtx,
-    entries: Vec<db::audit::Entry>,
-    filter: String,
-    filters: Vec<(&'static str, &'static str)>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct AuditQuery {
-    #[serde(default)]
-    action: String,
-}
-
-pub async fn audit(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Query(q): Query<AuditQuery>,
-) -> Result<AuditPage, AppError> {
-    user.require_admin()?;
-    let filters = vec![
-        ("", "everything"),
-        ("login.", "sign-ins"),
-        ("tenant.", "tenants"),
-        ("user.", "users"),
-        ("membership.", "memberships"),
-        ("token.", "API tokens"),
-    ];
-    let filter = filters
-        .iter()
-        .find(|(k, _)| *k == q.action)
-        .map(|(k, _)| k.to_string())
-        .unwrap_or_default();
-    Ok(AuditPage {
-        ctx: PageCtx::new(&session, Some(&user)).await?,
-        entries: db::audit::recent(&state.pool, &filter, 500).await?,
-        filter,
-        filters,
-    })
-}
-
-/// Time as people read it in tables (UTC).
-pub fn when(t: &time::OffsetDateTime) -> String {
-    let f = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
-    t.format(&f).unwrap_or_default()
-}
-
-/// An audit entry's details as compact JSON; empty for `{}`.
-pub fn detail_text(detail: &serde_json::Value) -> String {
-    match detail.as_object() {
-        Some(o) if o.is_empty() => String::new(),
-        _ => detail.to_string(),
-    }
 }

@@ -1,0 +1,371 @@
+//! Tenants and their quotas.
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use serde::Deserialize;
+use serde_json::json;
+use tower_sessions::Session;
+
+use crate::db::{self, tenants::Member, tenants::Tenant};
+use crate::domain::{parse_name, Priority, Quota, QuotaField, QuotaInput, Slug};
+use crate::web::auth::Admin;
+use crate::web::error::AppError;
+use crate::web::forms::{Field, FieldErrors};
+use crate::web::pages::{flash, PageCtx};
+use crate::web::AppState;
+
+// ---------------------------------------------------------------- tenants
+
+#[derive(Template, WebTemplate)]
+#[template(path = "admin/tenants.html")]
+pub struct TenantsPage {
+    ctx: PageCtx,
+    tenants: Vec<Tenant>,
+}
+
+pub async fn tenants(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+) -> Result<TenantsPage, AppError> {
+    Ok(TenantsPage {
+        ctx: PageCtx::new(&session, Some(&user)).await?,
+        tenants: db::tenants::list(&state.pool).await?,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "admin/tenant_form.html")]
+pub struct TenantFormPage {
+    ctx: PageCtx,
+    tenant: Option<Tenant>,
+    slug: String,
+    name: String,
+    fields: Vec<Field>,
+    errors: FieldErrors,
+    members: Vec<Member>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TenantForm {
+    #[serde(default)]
+    slug: String,
+    #[serde(default)]
+    name: String,
+    #[serde(flatten)]
+    quota: QuotaInput,
+}
+
+/// The quota inputs of the tenant form, in order, with their messages.
+fn quota_fields(q: &QuotaInput, errors: &FieldErrors) -> Vec<Field> {
+    let f = |name: QuotaField, label, hint, value: &str, min, max| Field {
+        name: name.name(),
+        label,
+        hint,
+        value: value.to_string(),
+        error: errors.get(name.name()).cloned(),
+        kind: "number",
+        options: Vec::new(),
+        min,
+        max,
+    };
+    vec![
+        f(
+            QuotaField::MaxActiveBookings,
+            "Active bookings",
+            "bookings live at the same time",
+            &q.max_active_bookings,
+            "0",
+            "1000",
+        ),
+        f(
+            QuotaField::MaxGpuMemoryGib,
+            "GPU memory (GiB)",
+            "booked at the same time",
+            &q.max_gpu_memory_gib,
+            "0",
+            "100000",
+        ),
+        f(
+            QuotaField::MaxComputeSlices,
+            "Compute slices",
+            "at the same time; a whole GPU has 7",
+            &q.max_compute_slices,
+            "0",
+            "10000",
+        ),
+        f(
+            QuotaField::MonthlySliceHours,
+            "Monthly slice-hours",
+            "budget; 1 slice for 1 hour = 1",
+            &q.monthly_slice_hours,
+            "0",
+            "10000000",
+        ),
+        f(
+            QuotaField::MaxBookingHours,
+            "Longest booking (hours)",
+            "1 to 2160",
+            &q.max_booking_hours,
+            "1",
+            "2160",
+        ),
+        f(
+            QuotaField::GuaranteedSharePct,
+            "Guaranteed share (%)",
+            "QoS floor for time-sliced shares",
+            &q.guaranteed_share_pct,
+            "0",
+            "100",
+        ),
+        Field {
+            kind: "select",
+            options: Priority::ALL.iter().map(|p| p.as_str()).collect(),
+            ..f(
+                QuotaField::DefaultPriority,
+                "Default priority",
+                "for time-sliced shares",
+                &q.default_priority,
+                "",
+                "",
+            )
+        },
+        Field {
+            kind: "text",
+            ..f(
+                QuotaField::AllowedModels,
+                "Allowed GPU models",
+                "comma-separated; empty allows all",
+                &q.allowed_models,
+                "",
+                "",
+            )
+        },
+        Field {
+            kind: "text",
+            ..f(
+                QuotaField::AllowedProfiles,
+                "Allowed MIG profiles",
+                "comma-separated; empty allows all",
+                &q.allowed_profiles,
+                "",
+                "",
+            )
+        },
+    ]
+}
+
+pub async fn new_tenant(session: Session, Admin(user): Admin) -> Result<TenantFormPage, AppError> {
+    let errors = FieldErrors::default();
+    Ok(TenantFormPage {
+        ctx: PageCtx::new(&session, Some(&user)).await?,
+        tenant: None,
+        slug: String::new(),
+        name: String::new(),
+        fields: quota_fields(&QuotaInput::from(&Quota::default()), &errors),
+        errors,
+        members: Vec::new(),
+    })
+}
+
+fn parse_tenant_form(
+    form: &TenantForm,
+    creating: bool,
+) -> Result<(Option<Slug>, String, Quota), FieldErrors> {
+    let mut errors = FieldErrors::default();
+    let slug = if creating {
+        match Slug::parse(&form.slug) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.add("slug", e);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let name = parse_name(&form.name, "name").unwrap_or_else(|e| {
+        errors.add("name", e);
+        String::new()
+    });
+    let quota = form.quota.parse().unwrap_or_else(|errs| {
+        for (field, msg) in errs {
+            errors.add(field.name(), msg);
+        }
+        Quota::default()
+    });
+    if errors.is_empty() {
+        Ok((slug, name, quota))
+    } else {
+        Err(errors)
+    }
+}
+
+fn quota_json(q: &Quota) -> serde_json::Value {
+    json!({
+        "max_active_bookings": q.max_active_bookings,
+        "max_gpu_memory_gib": q.max_gpu_memory_gib,
+        "max_compute_slices": q.max_compute_slices,
+        "default_priority": q.default_priority.as_str(),
+        "guaranteed_share_pct": q.guaranteed_share_pct,
+        "monthly_slice_hours": q.monthly_slice_hours,
+        "max_booking_hours": q.max_booking_hours,
+        "allowed_models": q.allowed_models,
+        "allowed_profiles": q.allowed_profiles,
+    })
+}
+
+pub async fn create_tenant(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+    Form(form): Form<TenantForm>,
+) -> Result<Response, AppError> {
+    let rerender = |errors: FieldErrors| async {
+        let page = TenantFormPage {
+            ctx: PageCtx::new(&session, Some(&user)).await?,
+            tenant: None,
+            slug: form.slug.trim().to_string(),
+            name: form.name.trim().to_string(),
+            fields: quota_fields(&form.quota, &errors),
+            errors,
+            members: Vec::new(),
+        };
+        Ok::<_, AppError>((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
+    };
+    let (slug, name, quota) = match parse_tenant_form(&form, true) {
+        Ok(v) => v,
+        Err(errors) => return rerender(errors).await,
+    };
+    let Some(slug) = slug else {
+        return Err(AppError::BadRequest("missing slug".into()));
+    };
+    let mut tx = state.pool.begin().await?;
+    let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
+        Ok(id) => id,
+        Err(e) if db::is_unique_violation(&e, "tenants_slug_key") => {
+            let mut errors = FieldErrors::default();
+            errors.add("slug", format!("the slug \"{slug}\" is taken"));
+            return rerender(errors).await;
+        }
+        Err(e) => return Err(e.into()),
+    };
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "tenant.created",
+        slug.as_str(),
+        json!({"name": name, "quota": quota_json(&quota)}),
+    )
+    .await?;
+    tx.commit().await?;
+    flash(&session, format!("Tenant {name} created.")).await?;
+    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
+}
+
+pub async fn edit_tenant(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+    Path(id): Path<i64>,
+) -> Result<TenantFormPage, AppError> {
+    let tenant = db::tenants::get(&state.pool, id).await?;
+    let members = db::tenants::members(&state.pool, id).await?;
+    let errors = FieldErrors::default();
+    Ok(TenantFormPage {
+        ctx: PageCtx::new(&session, Some(&user)).await?,
+        slug: tenant.slug.clone(),
+        name: tenant.name.clone(),
+        fields: quota_fields(&QuotaInput::from(&tenant.quota), &errors),
+        errors,
+        tenant: Some(tenant),
+        members,
+    })
+}
+
+pub async fn update_tenant(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+    Path(id): Path<i64>,
+    Form(form): Form<TenantForm>,
+) -> Result<Response, AppError> {
+    let tenant = db::tenants::get(&state.pool, id).await?;
+    let (_, name, quota) = match parse_tenant_form(&form, false) {
+        Ok(v) => v,
+        Err(errors) => {
+            let members = db::tenants::members(&state.pool, id).await?;
+            let page = TenantFormPage {
+                ctx: PageCtx::new(&session, Some(&user)).await?,
+                slug: tenant.slug.clone(),
+                name: form.name.trim().to_string(),
+                fields: quota_fields(&form.quota, &errors),
+                errors,
+                tenant: Some(tenant),
+                members,
+            };
+            return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
+        }
+    };
+    // The same row lock a booking's quota check takes: an edit never
+    // interleaves with a check.
+    let mut tx = state.pool.begin().await?;
+    let before = db::tenants::get_for_update(&mut tx, id).await?;
+    db::tenants::update(&mut tx, id, &name, &quota).await?;
+    db::audit::record(
+        &mut *tx,
+        &user.actor(),
+        "tenant.updated",
+        &before.slug,
+        json!({"before": {"name": before.name, "quota": quota_json(&before.quota)},
+               "after": {"name": name, "quota": quota_json(&quota)}}),
+    )
+    .await?;
+    tx.commit().await?;
+    flash(&session, format!("Tenant {name} saved.")).await?;
+    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
+}
+
+async fn set_tenant_archived(
+    state: &AppState,
+    session: &Session,
+    Admin(user): &Admin,
+    id: i64,
+    archived: bool,
+) -> Result<Response, AppError> {
+    let tenant = db::tenants::get(&state.pool, id).await?;
+    let mut tx = state.pool.begin().await?;
+    db::tenants::set_archived(&mut *tx, id, archived).await?;
+    let action = if archived {
+        "tenant.archived"
+    } else {
+        "tenant.restored"
+    };
+    db::audit::record(&mut *tx, &user.actor(), action, &tenant.slug, json!({})).await?;
+    tx.commit().await?;
+    let verb = if archived { "archived" } else { "restored" };
+    flash(session, format!("Tenant {} {verb}.", tenant.name)).await?;
+    Ok(Redirect::to(&format!("/admin/tenants/{id}")).into_response())
+}
+
+pub async fn archive_tenant(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+    Path(id): Path<i64>,
+) -> Result<Response, AppError> {
+    set_tenant_archived(&state, &session, &Admin(user), id, true).await
+}
+
+pub async fn restore_tenant(
+    State(state): State<AppState>,
+    session: Session,
+    Admin(user): Admin,
+    Path(id): Path<i64>,
+) -> Result<Response, AppError> {
+    set_tenant_archived(&state, &session, &Admin(user), id, false).await
+}

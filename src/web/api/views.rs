@@ -1,0 +1,278 @@
+//! What the JSON API answers: one `Serialize` view struct per answer, each
+//! also described for the OpenAPI document (`ToSchema`), so the document
+//! and the answers cannot drift apart.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use crate::db::bookings::Booking;
+use crate::domain::booking::{Kind, Status};
+use crate::domain::Priority;
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// An error: a code, a sentence, and for invalid input one message per
+/// field.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// `unauthenticated`, `forbidden`, `not_found`, `bad_request`,
+    /// `conflict`, `unprocessable`, `too_many_requests`, `internal`, ...
+    pub error: String,
+    pub message: String,
+    /// With 422 for invalid input: field name -> message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fields: Option<BTreeMap<String, String>>,
+}
+
+/// Where a MIG booking sits on its GPU: memory slices `[start, start+size)`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlacementView {
+    pub start: i32,
+    pub size: i32,
+}
+
+/// A booking.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BookingView {
+    pub id: i64,
+    /// The tenant's slug.
+    pub tenant: String,
+    /// The owner's e-mail.
+    pub user: String,
+    pub kind: Kind,
+    /// The GPU model placed on, or the one asked for.
+    pub model: Option<String>,
+    /// The MIG profile (MIG bookings only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// RFC 3339.
+    #[schema(format = DateTime)]
+    pub start: String,
+    #[schema(format = DateTime)]
+    pub end: String,
+    pub hours: i32,
+    pub status: Status,
+    pub priority: Priority,
+    pub memory_gib: i32,
+    pub compute_slices: i32,
+    /// The GPU's uuid, once placed.
+    pub gpu: Option<String>,
+    pub node: Option<String>,
+    /// MIG only, once placed.
+    pub placement: Option<PlacementView>,
+    /// The device to use (`MIG-…` or the GPU's `GPU-…`), once active.
+    pub device_uuid: Option<String>,
+    /// Why it waits (queued) or failed.
+    pub reason: Option<String>,
+    /// For a queued booking: the earliest start that would fit.
+    #[schema(format = DateTime)]
+    pub earliest_start: Option<String>,
+    /// An active share's scheduler state: slice, priority, achieved part.
+    #[schema(value_type = Option<Object>)]
+    pub scheduler: Option<Value>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+}
+
+impl From<&Booking> for BookingView {
+    fn from(b: &Booking) -> Self {
+        BookingView {
+            id: b.id,
+            tenant: b.tenant_slug.clone(),
+            user: b.user_email.clone(),
+            kind: b.kind,
+            model: b.model.clone().or(b.requested_model.clone()),
+            profile: b.profile.clone(),
+            start: rfc3339(b.start),
+            end: rfc3339(b.end),
+            hours: b.hours,
+            status: b.status,
+            priority: b.priority,
+            memory_gib: b.memory_gib,
+            compute_slices: b.compute_slices,
+            gpu: b.gpu_uuid.clone(),
+            node: b.node.clone(),
+            placement: match (b.slice_start, b.slice_end) {
+                (Some(s), Some(e)) => Some(PlacementView {
+                    start: s,
+                    size: e - s,
+                }),
+                _ => None,
+            },
+            device_uuid: b.device_uuid.clone(),
+            reason: b.reason.clone(),
+            earliest_start: b.offered_start.map(rfc3339),
+            scheduler: (b.kind == Kind::Timeslice && b.status == Status::Active)
+                .then(|| b.scheduler.clone())
+                .flatten(),
+            created_at: rfc3339(b.created_at),
+        }
+    }
+}
+
+/// `GET /bookings`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BookingList {
+    pub bookings: Vec<BookingView>,
+}
+
+/// A new booking (`POST /bookings`). Numbers may also be given as strings.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BookingBody {
+    /// Your tenant's slug.
+    pub tenant: String,
+    pub kind: Kind,
+    /// A catalog model id such as `H100-80GB`; omitted: any.
+    pub model: Option<String>,
+    /// MIG: a profile such as `1g.10gb`.
+    pub profile: Option<String>,
+    /// Time-sliced share: GPU memory in GiB.
+    pub memory_gib: Option<i32>,
+    /// Time-sliced share: omitted, the tenant's default.
+    pub priority: Option<Priority>,
+    /// RFC 3339; omitted: now.
+    #[schema(format = DateTime)]
+    pub start: Option<String>,
+    pub hours: i32,
+}
+
+/// `POST /bookings/{id}/release`: a reason is needed to end someone
+/// else's booking.
+#[derive(Debug, Default, serde::Deserialize, ToSchema)]
+pub struct ReleaseBody {
+    pub reason: Option<String>,
+}
+
+/// `POST /bookings/{id}/extend`.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+pub struct ExtendBody {
+    /// Hours to add.
+    pub hours: i32,
+}
+
+/// Something the fleet offers, with how much is free now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OfferingView {
+    pub kind: Kind,
+    pub model: String,
+    /// MIG profile; null for time-sliced shares.
+    pub profile: Option<String>,
+    /// The profile's memory; for shares, the largest share free now.
+    pub memory_gib: f64,
+    /// The profile's compute slices (7 for a whole GPU).
+    pub compute_slices: i32,
+    /// GPUs that offer it.
+    pub gpus: usize,
+    /// GPUs that could take one more right now (for the next hour).
+    pub available_now: usize,
+}
+
+impl From<&crate::booking::Offering> for OfferingView {
+    fn from(o: &crate::booking::Offering) -> Self {
+        OfferingView {
+            kind: o.kind,
+            model: o.model.clone(),
+            profile: o.profile.clone(),
+            memory_gib: o.memory_gib,
+            compute_slices: o.compute_slices,
+            gpus: o.gpus,
+            available_now: o.available_now,
+        }
+    }
+}
+
+/// `GET /offerings`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OfferingList {
+    pub offerings: Vec<OfferingView>,
+}
+
+/// A tenant the caller belongs to.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MembershipView {
+    pub slug: String,
+    pub name: String,
+    /// `member` or `manager`.
+    pub role: String,
+    pub archived: bool,
+}
+
+/// `GET /me`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MeView {
+    pub id: i64,
+    pub email: String,
+    pub display_name: String,
+    /// `admin`, `finance` or `none`.
+    pub global_role: String,
+    pub tenants: Vec<MembershipView>,
+}
+
+/// A tenant's quota.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QuotaView {
+    pub max_active_bookings: i32,
+    pub max_gpu_memory_gib: i32,
+    pub max_compute_slices: i32,
+    pub default_priority: Priority,
+    pub guaranteed_share_pct: i32,
+    pub monthly_slice_hours: i32,
+    pub max_booking_hours: i32,
+    /// Empty: every model.
+    pub allowed_models: Vec<String>,
+    /// Empty: every profile.
+    pub allowed_profiles: Vec<String>,
+}
+
+/// A tenant with its quota.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantView {
+    pub slug: String,
+    pub name: String,
+    pub archived: bool,
+    pub quota: QuotaView,
+}
+
+/// `GET /tenants`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantList {
+    pub tenants: Vec<TenantView>,
+}
+
+/// Usage of one booking on one UTC day.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageRow {
+    #[schema(format = Date)]
+    pub date: String,
+    pub tenant: String,
+    pub user: String,
+    pub booking: i64,
+    pub kind: String,
+    pub model: String,
+    /// The MIG profile, or `12 GiB share`.
+    pub profile_or_share: String,
+    pub slice_seconds: f64,
+    pub slice_hours: f64,
+    pub gib_hours: f64,
+    /// By the tariff in force that day; null when none covers it.
+    pub cost: Option<f64>,
+}
+
+/// `GET /usage`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageReport {
+    #[schema(format = Date)]
+    pub from: String,
+    #[schema(format = Date)]
+    pub to: String,
+    /// ISO 4217 code of `cost`.
+    pub currency: String,
+    pub usage: Vec<UsageRow>,
+}
