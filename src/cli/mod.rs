@@ -88,8 +88,9 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
         Command::Worker(args) => {
             let mut gpu = args.gpu.clone();
             gpu.node_name = Some(args.node.clone());
+            let shutdown = shutdown_signal();
             let tasks = start_workers(&pool, &gpu, data_dir, Some(&args.node))?;
-            shutdown_signal().await;
+            shutdown.await;
             for t in tasks {
                 t.abort();
             }
@@ -125,22 +126,27 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Resolves on SIGTERM or Ctrl-C. The handlers are installed when this is
+/// called, not when it is first awaited: a signal that arrives while the
+/// rest starts up (workers, the first heartbeat) still shuts down cleanly
+/// instead of killing the process.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let int = signal(SignalKind::interrupt()).ok();
+    let term = signal(SignalKind::terminate()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = wait(int) => {},
+            _ = wait(term) => {},
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        tracing::info!("shutting down: finishing requests in flight");
     }
-    tracing::info!("shutting down: finishing requests in flight");
 }

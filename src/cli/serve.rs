@@ -12,6 +12,7 @@ use crate::web::{self, AppState, WebSettings};
 /// Serves the web application (and, unless `--no-worker`, the local
 /// node's worker) until SIGTERM or Ctrl-C.
 pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -> Result<()> {
+    let shutdown = super::shutdown_signal();
     if args.session_idle_minutes < 1 || args.session_max_hours < 1 {
         bail!("session lifetimes must be at least one minute (idle) and one hour (absolute)");
     }
@@ -47,7 +48,7 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
         ..Default::default()
     });
     tracing::info!(addr = %listener.local_addr()?, "gpuslice is serving");
-    let served = web::serve(listener, state, super::shutdown_signal()).await;
+    let served = web::serve(listener, state, shutdown).await;
     for w in workers {
         w.abort();
     }
