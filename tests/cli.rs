@@ -174,6 +174,12 @@ async fn bad_arguments_exit_non_zero_with_one_sentence() {
             "",
             "no user has the e-mail address ghost@uni.edu",
         ),
+        (
+            // Checked before the worker starts anything.
+            &["worker", "--node", "n1", "--booking-cpus", "0-x"],
+            "",
+            "--booking-cpus: give a CPU list such as 0-15",
+        ),
     ];
     for (args, stdin, want) in cases {
         let o = gpuslice(&url, args, stdin);

@@ -13,7 +13,7 @@ use super::{at, invalid, ts, BookingError, Created, Requester, Settings};
 use crate::db::{self, bookings::Booking, fleet::Bookable, tenants::Tenant};
 use crate::domain::booking::{self as rules, BookingRequest, Kind, Request, Status};
 use crate::placement::mig::Window;
-use crate::placement::shares::{self, Held as ShareHeld, ShareShapes, SharedGpu};
+use crate::placement::shares::{self, ShareShapes, SharedGpu};
 
 /// What the rules decided for a request over a window.
 #[derive(Debug)]
@@ -171,14 +171,7 @@ pub(super) async fn share_fits(
         .await?
         .into_iter()
         .filter(|p| Some(p.id) != except)
-        .map(|p| ShareHeld {
-            memory_gib: f64::from(p.memory_gib),
-            exclusive: false,
-            window: Window {
-                start: p.start,
-                end: p.end,
-            },
-        })
+        .map(|p| plan::share_held(&p))
         .collect();
     let one = [SharedGpu {
         node: 0,

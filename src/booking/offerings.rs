@@ -13,8 +13,9 @@ use crate::gpu::catalog;
 use crate::placement::mig::{MigGpu, Window};
 use crate::placement::shares::{Held as ShareHeld, SharedGpu};
 
-/// What can be booked, with how much of it is free now.
-#[derive(Debug, Clone, serde::Serialize)]
+/// What can be booked, with how much of it is free now (the API's answer
+/// as is).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct Offering {
     pub kind: Kind,
     pub model: String,

@@ -86,10 +86,7 @@ pub fn fleet_of(
     allowed_models: &[String],
     asked: &Asked,
 ) -> Fleet {
-    let mode = kind.map(|k| match k {
-        Kind::Mig => GpuMode::Mig,
-        Kind::Timeslice => GpuMode::Timeslice,
-    });
+    let mode = kind.map(Kind::gpu_mode);
     let mut by_gpu: HashMap<i64, Vec<&Placed>> = HashMap::new();
     for p in placed {
         by_gpu.entry(p.gpu_id).or_default().push(p);
@@ -135,17 +132,7 @@ pub fn fleet_of(
                     model: g.model.clone(),
                     memory_gib: g.memory_mib as f64 / 1024.0,
                     max_shares: g.max_shares as u32,
-                    held: here
-                        .iter()
-                        .map(|p| ShareHeld {
-                            memory_gib: f64::from(p.memory_gib),
-                            exclusive: false,
-                            window: Window {
-                                start: p.start,
-                                end: p.end,
-                            },
-                        })
-                        .collect(),
+                    held: here.iter().copied().map(share_held).collect(),
                 };
                 fleet.shared.push(g, shared);
             }
@@ -154,6 +141,19 @@ pub fn fleet_of(
     }
     fleet.mix = profile_mix(&asked.profiles, fleet.mig.gpus());
     fleet
+}
+
+/// A placed share as the share placement sees it: its memory over its
+/// window.
+pub fn share_held(p: &Placed) -> ShareHeld {
+    ShareHeld {
+        memory_gib: f64::from(p.memory_gib),
+        exclusive: false,
+        window: Window {
+            start: p.start,
+            end: p.end,
+        },
+    }
 }
 
 /// The profile mix placement keeps room for: what tenants asked for in the
@@ -559,6 +559,20 @@ mod tests {
         end: 1_800_003_600,
     };
 
+    /// A 7g.80gb instance holding all of GPU `gpu_id` for [`HOUR`].
+    fn whole_gpu_booked(gpu_id: i64) -> Placed {
+        Placed {
+            id: 1,
+            gpu_id,
+            kind: Kind::Mig,
+            profile: Some("7g.80gb".into()),
+            slice_start: Some(0),
+            memory_gib: 80,
+            start: HOUR.start,
+            end: HOUR.end,
+        }
+    }
+
     #[test]
     fn a_spot_names_the_gpu_the_engine_chose() {
         // GPU 10 is full (a 7g instance), so the request lands on GPU 20.
@@ -567,16 +581,7 @@ mod tests {
             gpu(20, "H100-80GB", GpuMode::Mig, 81_559),
             gpu(30, "L40S-48GB", GpuMode::Timeslice, 46_068),
         ];
-        let full = Placed {
-            id: 1,
-            gpu_id: 10,
-            kind: Kind::Mig,
-            profile: Some("7g.80gb".into()),
-            slice_start: Some(0),
-            memory_gib: 80,
-            start: HOUR.start,
-            end: HOUR.end,
-        };
+        let full = whole_gpu_booked(10);
         let fleet = fleet_of(gpus, &[full], None, &[], &Asked::default());
         let req = request(
             Request::Mig {
@@ -623,16 +628,7 @@ mod tests {
     #[test]
     fn no_room_says_why_and_when() {
         let gpus = vec![gpu(1, "H100-80GB", GpuMode::Mig, 81_559)];
-        let full = Placed {
-            id: 1,
-            gpu_id: 1,
-            kind: Kind::Mig,
-            profile: Some("7g.80gb".into()),
-            slice_start: Some(0),
-            memory_gib: 80,
-            start: HOUR.start,
-            end: HOUR.end,
-        };
+        let full = whole_gpu_booked(1);
         let fleet = fleet_of(gpus, &[full], Some(Kind::Mig), &[], &Asked::default());
         let req = request(
             Request::Mig {

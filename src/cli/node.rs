@@ -69,7 +69,6 @@ impl NodeSettings {
 /// One GPU node this process drives.
 pub struct Node {
     pub name: String,
-    pub backend: Arc<dyn GpuBackend>,
     /// Where its bookings' cgroups live; `None`: no isolation.
     pub cgroups: Option<Layout>,
     pub tasks: Vec<JoinHandle<()>>,
@@ -127,7 +126,6 @@ impl Node {
         }
         Node {
             name: name.to_string(),
-            backend,
             cgroups,
             tasks,
         }

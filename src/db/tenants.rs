@@ -25,7 +25,7 @@ struct Row {
     max_active_bookings: i32,
     max_gpu_memory_gib: i32,
     max_compute_slices: i32,
-    default_priority: String,
+    default_priority: Priority,
     guaranteed_share_pct: i32,
     monthly_slice_hours: i32,
     max_booking_hours: i32,
@@ -46,8 +46,7 @@ impl From<Row> for Tenant {
                 max_active_bookings: r.max_active_bookings,
                 max_gpu_memory_gib: r.max_gpu_memory_gib,
                 max_compute_slices: r.max_compute_slices,
-                // The column's CHECK constraint allows only the three names.
-                default_priority: Priority::parse(&r.default_priority).unwrap_or(Priority::Normal),
+                default_priority: r.default_priority,
                 guaranteed_share_pct: r.guaranteed_share_pct,
                 monthly_slice_hours: r.monthly_slice_hours,
                 max_booking_hours: r.max_booking_hours,
@@ -64,11 +63,11 @@ impl From<Row> for Tenant {
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Tenant>> {
     let rows = sqlx::query_as!(
         Row,
-        "SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
-                max_compute_slices, default_priority, guaranteed_share_pct,
-                monthly_slice_hours, max_booking_hours, allowed_models, allowed_profiles,
-                created_at, updated_at
-         FROM tenants ORDER BY archived, lower(name), id"
+        r#"SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
+                max_compute_slices, default_priority AS "default_priority: Priority",
+                guaranteed_share_pct, monthly_slice_hours, max_booking_hours, allowed_models,
+                allowed_profiles, created_at, updated_at
+         FROM tenants ORDER BY archived, lower(name), id"#
     )
     .fetch_all(db)
     .await?;
@@ -78,11 +77,11 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Tenant>> {
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Tenant> {
     sqlx::query_as!(
         Row,
-        "SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
-                max_compute_slices, default_priority, guaranteed_share_pct,
-                monthly_slice_hours, max_booking_hours, allowed_models, allowed_profiles,
-                created_at, updated_at
-         FROM tenants WHERE id = $1",
+        r#"SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
+                max_compute_slices, default_priority AS "default_priority: Priority",
+                guaranteed_share_pct, monthly_slice_hours, max_booking_hours, allowed_models,
+                allowed_profiles, created_at, updated_at
+         FROM tenants WHERE id = $1"#,
         id
     )
     .fetch_one(db)
@@ -95,11 +94,11 @@ pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Tenant> {
 pub async fn get_for_update(tx: &mut Transaction<'_, Postgres>, id: i64) -> sqlx::Result<Tenant> {
     sqlx::query_as!(
         Row,
-        "SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
-                max_compute_slices, default_priority, guaranteed_share_pct,
-                monthly_slice_hours, max_booking_hours, allowed_models, allowed_profiles,
-                created_at, updated_at
-         FROM tenants WHERE id = $1 FOR UPDATE",
+        r#"SELECT id, slug, name, archived, max_active_bookings, max_gpu_memory_gib,
+                max_compute_slices, default_priority AS "default_priority: Priority",
+                guaranteed_share_pct, monthly_slice_hours, max_booking_hours, allowed_models,
+                allowed_profiles, created_at, updated_at
+         FROM tenants WHERE id = $1 FOR UPDATE"#,
         id
     )
     .fetch_one(&mut **tx)

@@ -13,47 +13,29 @@ use crate::gpu::catalog;
 /// metering), MIG or not, so that one unit serves both kinds.
 pub const SLICES_PER_GPU: i32 = 7;
 
-/// MIG instance or time-sliced share (`bookings.kind`, lower-case text).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    sqlx::Type,
-    serde::Serialize,
-    serde::Deserialize,
-    utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Mig,
-    Timeslice,
+text_enum! {
+    /// MIG instance or time-sliced share (`bookings.kind`, lower-case text).
+    pub enum Kind {
+        Mig = "mig",
+        Timeslice = "timeslice",
+    }
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Mig => "mig",
-            Kind::Timeslice => "timeslice",
-        }
-    }
-
     pub fn parse(raw: &str) -> Result<Kind, String> {
         match raw.trim() {
-            "mig" => Ok(Kind::Mig),
-            "timeslice" => Ok(Kind::Timeslice),
             "" => Err("choose a MIG instance or a time-sliced share".into()),
-            other => Err(format!("unknown kind \"{other}\": use mig or timeslice")),
+            raw => Kind::named(raw)
+                .ok_or_else(|| format!("unknown kind \"{raw}\": use mig or timeslice")),
         }
     }
-}
 
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+    /// The GPU mode that carries bookings of this kind.
+    pub fn gpu_mode(self) -> super::GpuMode {
+        match self {
+            Kind::Mig => super::GpuMode::Mig,
+            Kind::Timeslice => super::GpuMode::Timeslice,
+        }
     }
 }
 

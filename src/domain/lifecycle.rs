@@ -14,49 +14,23 @@
 //! A `scheduled` booking that cannot be set up fails through `releasing`
 //! too, so the worker tears down whatever it half made.
 
-use std::fmt;
-
-/// The statuses of a booking (see architecture.md). Stored as lower-case
-/// text in `bookings.status` and `booking_events`.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    sqlx::Type,
-    serde::Serialize,
-    serde::Deserialize,
-    utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Queued,
-    Scheduled,
-    Provisioning,
-    Active,
-    Releasing,
-    Released,
-    Expired,
-    Cancelled,
-    Failed,
+text_enum! {
+    /// The statuses of a booking (see architecture.md). Stored as lower-case
+    /// text in `bookings.status` and `booking_events`.
+    pub enum Status {
+        Queued = "queued",
+        Scheduled = "scheduled",
+        Provisioning = "provisioning",
+        Active = "active",
+        Releasing = "releasing",
+        Released = "released",
+        Expired = "expired",
+        Cancelled = "cancelled",
+        Failed = "failed",
+    }
 }
 
 impl Status {
-    pub const ALL: [Status; 9] = [
-        Status::Queued,
-        Status::Scheduled,
-        Status::Provisioning,
-        Status::Active,
-        Status::Releasing,
-        Status::Released,
-        Status::Expired,
-        Status::Cancelled,
-        Status::Failed,
-    ];
-
     /// The statuses that hold or wait for capacity and count against quota.
     /// The schema's exclusion constraint and partial indexes repeat the
     /// placed part of this list (all but `queued`) in SQL; a test checks
@@ -77,24 +51,6 @@ impl Status {
         Status::Failed,
     ];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Queued => "queued",
-            Status::Scheduled => "scheduled",
-            Status::Provisioning => "provisioning",
-            Status::Active => "active",
-            Status::Releasing => "releasing",
-            Status::Released => "released",
-            Status::Expired => "expired",
-            Status::Cancelled => "cancelled",
-            Status::Failed => "failed",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Option<Status> {
-        Status::ALL.into_iter().find(|s| s.as_str() == raw)
-    }
-
     /// Holds (or waits for) capacity and counts against quota.
     pub fn is_live(self) -> bool {
         Status::LIVE.contains(&self)
@@ -114,12 +70,6 @@ impl Status {
     /// Whether `step` is a legal move from here.
     pub fn allows(self, step: Step) -> bool {
         Transition::of(self, step, None).is_ok()
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -260,7 +210,7 @@ mod tests {
     #[test]
     fn names_round_trip() {
         for s in Status::ALL {
-            assert_eq!(Status::parse(s.as_str()), Some(s));
+            assert_eq!(Status::named(s.as_str()), Some(s));
             assert_eq!(s.to_string(), s.as_str());
         }
         assert!(Status::is_placed(Status::Active) && !Status::is_placed(Status::Queued));

@@ -1,6 +1,56 @@
 //! Pure domain types and rules. No IO, no async: everything here is parsed
 //! once at the edge (forms, JSON, CLI) and trusted afterwards.
 
+/// A closed set of names stored as lower-case text (in the schema, the
+/// JSON and the OpenAPI document): the enum with its derives, each
+/// variant's name given once, `ALL`, `as_str`, `named` and `Display`.
+macro_rules! text_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(
+            Debug,
+            Clone,
+            Copy,
+            PartialEq,
+            Eq,
+            Hash,
+            sqlx::Type,
+            serde::Serialize,
+            serde::Deserialize,
+            utoipa::ToSchema,
+        )]
+        #[sqlx(type_name = "text")]
+        pub enum $name {
+            $(
+                #[sqlx(rename = $text)]
+                #[serde(rename = $text)]
+                $variant,
+            )+
+        }
+
+        impl $name {
+            pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The variant called `raw`, exactly.
+            pub fn named(raw: &str) -> Option<$name> {
+                $name::ALL.into_iter().find(|v| v.as_str() == raw)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod booking;
 pub mod lifecycle;
 mod password;
@@ -163,48 +213,21 @@ impl TenantRole {
     }
 }
 
-/// Scheduling priority of a time-sliced share (and a tenant's default);
-/// lower-case text in the schema.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    sqlx::Type,
-    serde::Serialize,
-    serde::Deserialize,
-    utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum Priority {
-    High,
-    Normal,
-    Low,
+text_enum! {
+    /// Scheduling priority of a time-sliced share (and a tenant's default);
+    /// lower-case text in the schema.
+    pub enum Priority {
+        High = "high",
+        Normal = "normal",
+        Low = "low",
+    }
 }
 
 impl Priority {
-    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::High => "high",
-            Priority::Normal => "normal",
-            Priority::Low => "low",
-        }
-    }
-
     pub fn parse(raw: &str) -> Result<Self, String> {
-        match raw.trim() {
-            "high" => Ok(Priority::High),
-            "normal" => Ok(Priority::Normal),
-            "low" => Ok(Priority::Low),
-            other => Err(format!(
-                "unknown priority \"{other}\": use high, normal or low"
-            )),
-        }
+        let raw = raw.trim();
+        Priority::named(raw)
+            .ok_or_else(|| format!("unknown priority \"{raw}\": use high, normal or low"))
     }
 
     /// Queue order: high first.
@@ -217,43 +240,17 @@ impl Priority {
     }
 }
 
-impl fmt::Display for Priority {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+text_enum! {
+    /// What a GPU is used for (`gpus.mode`, lower-case text): MIG instances,
+    /// time-sliced shares, or nothing new (an admin drained it).
+    pub enum GpuMode {
+        Mig = "mig",
+        Timeslice = "timeslice",
+        Drained = "drained",
     }
-}
-
-/// What a GPU is used for (`gpus.mode`, lower-case text): MIG instances,
-/// time-sliced shares, or nothing new (an admin drained it).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    sqlx::Type,
-    serde::Serialize,
-    serde::Deserialize,
-    utoipa::ToSchema,
-)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum GpuMode {
-    Mig,
-    Timeslice,
-    Drained,
 }
 
 impl GpuMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GpuMode::Mig => "mig",
-            GpuMode::Timeslice => "timeslice",
-            GpuMode::Drained => "drained",
-        }
-    }
-
     /// The mode a GPU's hardware has: MIG on or off.
     pub fn of_hardware(mig_enabled: bool) -> GpuMode {
         if mig_enabled {
@@ -261,12 +258,6 @@ impl GpuMode {
         } else {
             GpuMode::Timeslice
         }
-    }
-}
-
-impl fmt::Display for GpuMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -13,8 +13,8 @@ const MAX_MONTHLY_SLICE_HOURS: i32 = 10_000_000;
 /// 90 days: longer bookings belong to a dedicated node, not a shared pool.
 const MAX_BOOKING_HOURS: i32 = 2_160;
 
-/// One validated quota.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One validated quota (the API and the audit log show it as is).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Quota {
     pub max_active_bookings: i32,
     pub max_gpu_memory_gib: i32,

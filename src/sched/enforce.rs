@@ -18,7 +18,6 @@ pub type Sampler = Box<dyn FnMut(&[u32], Duration) -> Option<f64> + Send>;
 /// The enforcer of one GPU. Blocking: run it on its own thread.
 pub struct Enforcer {
     sampler: Option<Sampler>,
-    slice_started: Instant,
     sched: GpuScheduler,
     groups: HashMap<i64, Group>,
     running: Option<i64>,
@@ -38,7 +37,6 @@ impl Enforcer {
     pub fn new() -> Enforcer {
         Enforcer {
             sampler: None,
-            slice_started: Instant::now(),
             sched: GpuScheduler::default(),
             groups: HashMap::new(),
             running: None,
@@ -95,6 +93,16 @@ impl Enforcer {
         let d = self.sched.tick(now_ms, used, |id| {
             groups.get(&id).is_some_and(|g| !g.pids().is_empty())
         });
+        // The next slice's CPU baseline, read before its share is thawed:
+        // the share runs from the thaw on, while the previous one's freeze
+        // is still settling, and that time is part of its slice. Read after
+        // the settle, it went uncounted, and a short (LOW, 25 ms) slice on a
+        // busy host looked mostly idle, so its starvation never counted.
+        let cpu_at_start = d
+            .run
+            .and_then(|id| self.groups.get(&id))
+            .map(Group::cpu_ns)
+            .unwrap_or(0);
         if d.run != self.running {
             let t = Instant::now();
             // Freeze is asked first and the next share thawed at once; the
@@ -131,12 +139,7 @@ impl Enforcer {
                 }
             }
         }
-        self.slice_started = Instant::now();
-        self.cpu_at_start = d
-            .run
-            .and_then(|id| self.groups.get(&id))
-            .map(Group::cpu_ns)
-            .unwrap_or(0);
+        self.cpu_at_start = cpu_at_start;
         self.epoch + Duration::from_millis(d.until)
     }
 

@@ -337,8 +337,25 @@ impl FromRequestParts<AppState> for RequestParts {
     }
 }
 
+/// The signed-in user if `allowed` says yes; 403 with `refusal` otherwise
+/// (401 when signed out).
+async fn user_with_role(
+    parts: &mut Parts,
+    state: &AppState,
+    allowed: fn(&CurrentUser) -> bool,
+    refusal: &str,
+) -> Result<CurrentUser, AppError> {
+    let user =
+        <CurrentUser as FromRequestParts<AppState>>::from_request_parts(parts, state).await?;
+    if allowed(&user) {
+        Ok(user)
+    } else {
+        Err(AppError::Forbidden(refusal.into()))
+    }
+}
+
 /// A signed-in platform admin: the extractor of every `/admin` handler, so
-/// none can forget the check. Anyone else gets 403 (401 when signed out).
+/// none can forget the check.
 #[derive(Debug, Clone)]
 pub struct Admin(pub CurrentUser);
 
@@ -346,15 +363,14 @@ impl FromRequestParts<AppState> for Admin {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        let user =
-            <CurrentUser as FromRequestParts<AppState>>::from_request_parts(parts, state).await?;
-        if user.is_admin() {
-            Ok(Admin(user))
-        } else {
-            Err(AppError::Forbidden(
-                "this page is for platform admins".into(),
-            ))
-        }
+        user_with_role(
+            parts,
+            state,
+            CurrentUser::is_admin,
+            "this page is for platform admins",
+        )
+        .await
+        .map(Admin)
     }
 }
 
@@ -366,15 +382,14 @@ impl FromRequestParts<AppState> for Finance {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
-        let user =
-            <CurrentUser as FromRequestParts<AppState>>::from_request_parts(parts, state).await?;
-        if user.is_finance() || user.is_admin() {
-            Ok(Finance(user))
-        } else {
-            Err(AppError::Forbidden(
-                "reports are for finance and platform admins".into(),
-            ))
-        }
+        user_with_role(
+            parts,
+            state,
+            |u| u.is_finance() || u.is_admin(),
+            "reports are for finance and platform admins",
+        )
+        .await
+        .map(Finance)
     }
 }
 

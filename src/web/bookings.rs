@@ -62,7 +62,8 @@ impl From<BookingError> for AppError {
     }
 }
 
-fn rfc3339(t: OffsetDateTime) -> String {
+/// RFC 3339, as the API and `<time datetime>` write times.
+pub(crate) fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 

@@ -26,7 +26,7 @@ use crate::domain::GpuMode;
 use crate::gpu::catalog::{self, Placement};
 use crate::gpu::mig::Existing;
 use crate::placement::mig::{self, ProfileMix, Window};
-use crate::placement::shares::{self, Held, ShareShapes, SharedGpu};
+use crate::placement::shares::{self, ShareShapes, SharedGpu};
 
 /// One block of the slot drawing.
 pub struct Block {
@@ -136,14 +136,7 @@ pub async fn fragmentation(pool: &sqlx::PgPool, gpus: &[Gpu]) -> sqlx::Result<Fr
                 held: live
                     .iter()
                     .filter(|p| p.gpu_id == g.id)
-                    .map(|p| Held {
-                        memory_gib: f64::from(p.memory_gib),
-                        exclusive: false,
-                        window: Window {
-                            start: p.start,
-                            end: p.end,
-                        },
-                    })
+                    .map(crate::booking::plan::share_held)
                     .collect(),
             };
             let v = shares::fragmentation(&gpu, window, &shapes);

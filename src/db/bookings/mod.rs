@@ -58,6 +58,14 @@ pub struct Booking {
     pub updated_at: OffsetDateTime,
 }
 
+/// Statuses as the text the schema stores (for `= ANY($n)`).
+fn status_names(statuses: impl IntoIterator<Item = Status>) -> Vec<String> {
+    statuses
+        .into_iter()
+        .map(|s| s.as_str().to_string())
+        .collect()
+}
+
 /// Loads bookings by id, in the order of `ids`.
 pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<Booking>> {
     sqlx::query_as!(
@@ -117,7 +125,7 @@ pub async fn list(
          LIMIT $4",
         user,
         tenant,
-        &Status::LIVE.map(|s| s.as_str().to_string())[..],
+        &status_names(Status::LIVE)[..],
         limit
     )
     .fetch_all(db)

@@ -5,22 +5,13 @@
 use sqlx::{PgExecutor, Postgres, Transaction};
 use time::OffsetDateTime;
 
-use super::event;
+use super::{event, status_names};
 use crate::domain::booking::{Held, Kind, Status, Step, Transition};
-use crate::domain::Priority;
+use crate::domain::{GpuMode, Priority};
 
-/// The live statuses, as the text the schema stores.
-fn live() -> Vec<String> {
-    Status::LIVE.map(|s| s.as_str().to_string()).to_vec()
-}
-
-/// The live statuses that hold a slot on a GPU.
+/// The live statuses that hold a slot on a GPU, as the schema stores them.
 fn placed() -> Vec<String> {
-    Status::LIVE
-        .into_iter()
-        .filter(|s| s.is_placed())
-        .map(|s| s.as_str().to_string())
-        .collect()
+    status_names(Status::LIVE.into_iter().filter(|s| s.is_placed()))
 }
 
 /// A tenant's live bookings overlapping `[from, to)`, except `except`.
@@ -40,7 +31,7 @@ pub async fn tenant_live_between(
         tenant_id,
         from,
         to,
-        &live()[..],
+        &status_names(Status::LIVE)[..],
         except
     )
     .fetch_all(db)
@@ -280,9 +271,10 @@ pub async fn advisory_xact_lock(db: impl PgExecutor<'_>, key: &str) -> sqlx::Res
 /// booking, and the number of bookable GPUs.
 pub async fn capacity_fingerprint(db: impl PgExecutor<'_>) -> sqlx::Result<(i64, i64)> {
     let r = sqlx::query!(
-        r#"SELECT COALESCE((SELECT max(id) FROM booking_events
-                            WHERE to_status IN ('released', 'expired', 'cancelled', 'failed')), 0) AS "ended!",
-                  (SELECT count(*) FROM gpus WHERE healthy AND mode <> 'drained') AS "gpus!""#
+        r#"SELECT COALESCE((SELECT max(id) FROM booking_events WHERE to_status = ANY($1)), 0) AS "ended!",
+                  (SELECT count(*) FROM gpus WHERE healthy AND mode <> $2) AS "gpus!""#,
+        &status_names(Status::FINAL)[..],
+        GpuMode::Drained.as_str()
     )
     .fetch_one(db)
     .await?;

@@ -205,20 +205,6 @@ fn parse_tenant_form(
     }
 }
 
-fn quota_json(q: &Quota) -> serde_json::Value {
-    json!({
-        "max_active_bookings": q.max_active_bookings,
-        "max_gpu_memory_gib": q.max_gpu_memory_gib,
-        "max_compute_slices": q.max_compute_slices,
-        "default_priority": q.default_priority.as_str(),
-        "guaranteed_share_pct": q.guaranteed_share_pct,
-        "monthly_slice_hours": q.monthly_slice_hours,
-        "max_booking_hours": q.max_booking_hours,
-        "allowed_models": q.allowed_models,
-        "allowed_profiles": q.allowed_profiles,
-    })
-}
-
 pub async fn create_tenant(
     State(state): State<AppState>,
     session: Session,
@@ -259,7 +245,7 @@ pub async fn create_tenant(
         &user.actor(),
         "tenant.created",
         slug.as_str(),
-        json!({"name": name, "quota": quota_json(&quota)}),
+        json!({"name": name, "quota": quota}),
     )
     .await?;
     tx.commit().await?;
@@ -321,8 +307,8 @@ pub async fn update_tenant(
         &user.actor(),
         "tenant.updated",
         &before.slug,
-        json!({"before": {"name": before.name, "quota": quota_json(&before.quota)},
-               "after": {"name": name, "quota": quota_json(&quota)}}),
+        json!({"before": {"name": before.name, "quota": before.quota},
+               "after": {"name": name, "quota": quota}}),
     )
     .await?;
     tx.commit().await?;

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 
-use super::views::{ErrorBody, MeView, MembershipView, QuotaView, TenantList, TenantView};
+use super::views::{ErrorBody, MeView, MembershipView, TenantList, TenantView};
 use crate::db;
 use crate::web::auth::CurrentUser;
 use crate::web::error::AppError;
@@ -46,24 +46,11 @@ pub async fn tenants(
     let tenants = all
         .into_iter()
         .filter(|t| user.is_admin() || user.membership(t.id).is_some())
-        .map(|t| {
-            let q = t.quota;
-            TenantView {
-                slug: t.slug,
-                name: t.name,
-                archived: t.archived,
-                quota: QuotaView {
-                    max_active_bookings: q.max_active_bookings,
-                    max_gpu_memory_gib: q.max_gpu_memory_gib,
-                    max_compute_slices: q.max_compute_slices,
-                    default_priority: q.default_priority,
-                    guaranteed_share_pct: q.guaranteed_share_pct,
-                    monthly_slice_hours: q.monthly_slice_hours,
-                    max_booking_hours: q.max_booking_hours,
-                    allowed_models: q.allowed_models,
-                    allowed_profiles: q.allowed_profiles,
-                },
-            }
+        .map(|t| TenantView {
+            slug: t.slug,
+            name: t.name,
+            archived: t.archived,
+            quota: t.quota,
         })
         .collect();
     Ok(Json(TenantList { tenants }))

@@ -8,11 +8,10 @@ use axum::Json;
 use serde_json::Value;
 
 use super::views::{
-    BookingBody, BookingList, BookingView, ErrorBody, ExtendBody, OfferingList, OfferingView,
-    ReleaseBody,
+    BookingBody, BookingList, BookingView, ErrorBody, ExtendBody, OfferingList, ReleaseBody,
 };
 use crate::booking::{self, BookingError, Created};
-use crate::db::{self, bookings::Booking};
+use crate::db;
 use crate::domain::booking::BookingInput;
 use crate::web::auth::CurrentUser;
 use crate::web::bookings::{requester, scope_of, ListQuery};
@@ -21,11 +20,6 @@ use crate::web::AppState;
 
 /// Most bookings one list answer carries (newest first, live ones first).
 const LIST_LIMIT: i64 = 500;
-
-/// A booking as the API shows it.
-pub fn booking_json(b: &Booking) -> BookingView {
-    BookingView::from(b)
-}
 
 /// Every profile and share kind the fleet offers, with what is free now.
 #[utoipa::path(get, path = "/offerings", responses(
@@ -37,9 +31,7 @@ pub async fn offerings(
     _user: CurrentUser,
 ) -> Result<Json<OfferingList>, AppError> {
     let list = booking::offerings(&state.pool).await?;
-    Ok(Json(OfferingList {
-        offerings: list.iter().map(OfferingView::from).collect(),
-    }))
+    Ok(Json(OfferingList { offerings: list }))
 }
 
 /// The caller's bookings (`scope=mine`, the default), a tenant's
@@ -167,11 +159,11 @@ pub async fn create(
     )
     .await?;
     Ok(match created {
-        Created::New(b) => (StatusCode::CREATED, Json(booking_json(&b))).into_response(),
+        Created::New(b) => (StatusCode::CREATED, Json(BookingView::from(&b))).into_response(),
         Created::Replayed(b) => (
             StatusCode::OK,
             [("idempotent-replayed", "true")],
-            Json(booking_json(&b)),
+            Json(BookingView::from(&b)),
         )
             .into_response(),
     })
@@ -192,7 +184,7 @@ pub async fn get(
     Path(id): Path<i64>,
 ) -> Result<Json<BookingView>, AppError> {
     let b = booking::visible(&state.pool, &requester(&user), id).await?;
-    Ok(Json(booking_json(&b)))
+    Ok(Json(BookingView::from(&b)))
 }
 
 /// Releases a booking that holds a device, cancels one that has not
@@ -223,7 +215,7 @@ pub async fn release(
         Some(&user.client_addr),
     )
     .await?;
-    Ok(Json(booking_json(&b)))
+    Ok(Json(BookingView::from(&b)))
 }
 
 /// Extends a scheduled or active booking, if quota and the slot allow.
@@ -245,5 +237,5 @@ pub async fn extend(
     Json(body): Json<ExtendBody>,
 ) -> Result<Json<BookingView>, AppError> {
     let b = booking::extend(&state.pool, &requester(&user), id, body.hours).await?;
-    Ok(Json(booking_json(&b)))
+    Ok(Json(BookingView::from(&b)))
 }

@@ -11,7 +11,7 @@ mod bookings;
 mod usage;
 pub mod views;
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use axum::routing::get;
 use axum::{Json, Router};
@@ -21,8 +21,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-
-pub use bookings::booking_json;
 
 /// Where the API lives.
 pub const BASE: &str = "/api/v1";
@@ -40,42 +38,36 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(usage::usage))
 }
 
-/// The API router (to be nested at [`BASE`]) and its OpenAPI document.
+/// The API router, to be nested at [`BASE`], with its OpenAPI document
+/// at `/openapi.json`.
 pub fn routes() -> Router<AppState> {
-    let (router, _) = documented().split_for_parts();
-    router.route("/openapi.json", get(openapi))
+    let (router, doc) = documented().split_for_parts();
+    let doc = Arc::new(described(doc));
+    router.route("/openapi.json", get(move || async move { Json(doc) }))
 }
 
-/// The OpenAPI document, built once from the routes.
-pub fn document() -> &'static OpenApi {
-    static DOC: OnceLock<OpenApi> = OnceLock::new();
-    DOC.get_or_init(|| {
-        let (_, mut doc) = documented().split_for_parts();
-        doc.info = InfoBuilder::new()
-            .title("gpuslice API")
-            .version("1")
-            .description(Some(
-                "Book slices of NVIDIA GPUs. Authenticate with `Authorization: Bearer <token>`; \
-                 create tokens at /settings/tokens or with `gpuslice token create --email E`. \
-                 Errors are JSON {\"error\": code, \"message\": text}, with \"fields\" \
-                 (field -> message) when input is invalid (422).",
-            ))
-            .build();
-        doc.servers = Some(vec![ServerBuilder::new().url(BASE).build()]);
-        let components = doc.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-        doc.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
-            "bearer",
-            Vec::<String>::new(),
-        )]);
-        doc
-    })
-}
-
-/// `GET /api/v1/openapi.json`: the API description (public).
-async fn openapi() -> Json<&'static OpenApi> {
-    Json(document())
+/// The generated document with what the routes do not say: title,
+/// version, server, authentication.
+fn described(mut doc: OpenApi) -> OpenApi {
+    doc.info = InfoBuilder::new()
+        .title("gpuslice API")
+        .version("1")
+        .description(Some(
+            "Book slices of NVIDIA GPUs. Authenticate with `Authorization: Bearer <token>`; \
+             create tokens at /settings/tokens or with `gpuslice token create --email E`. \
+             Errors are JSON {\"error\": code, \"message\": text}, with \"fields\" \
+             (field -> message) when input is invalid (422).",
+        ))
+        .build();
+    doc.servers = Some(vec![ServerBuilder::new().url(BASE).build()]);
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+    );
+    doc.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+        "bearer",
+        Vec::<String>::new(),
+    )]);
+    doc
 }

@@ -6,17 +6,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
-use time::format_description::well_known::Rfc3339;
-use time::OffsetDateTime;
 use utoipa::ToSchema;
 
 use crate::db::bookings::Booking;
 use crate::domain::booking::{Kind, Status};
 use crate::domain::Priority;
-
-fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&Rfc3339).unwrap_or_default()
-}
+use crate::web::bookings::rfc3339;
 
 /// An error: a code, a sentence, and for invalid input one message per
 /// field.
@@ -157,41 +152,10 @@ pub struct ExtendBody {
     pub hours: i32,
 }
 
-/// Something the fleet offers, with how much is free now.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct OfferingView {
-    pub kind: Kind,
-    pub model: String,
-    /// MIG profile; null for time-sliced shares.
-    pub profile: Option<String>,
-    /// The profile's memory; for shares, the largest share free now.
-    pub memory_gib: f64,
-    /// The profile's compute slices (7 for a whole GPU).
-    pub compute_slices: i32,
-    /// GPUs that offer it.
-    pub gpus: usize,
-    /// GPUs that could take one more right now (for the next hour).
-    pub available_now: usize,
-}
-
-impl From<&crate::booking::Offering> for OfferingView {
-    fn from(o: &crate::booking::Offering) -> Self {
-        OfferingView {
-            kind: o.kind,
-            model: o.model.clone(),
-            profile: o.profile.clone(),
-            memory_gib: o.memory_gib,
-            compute_slices: o.compute_slices,
-            gpus: o.gpus,
-            available_now: o.available_now,
-        }
-    }
-}
-
 /// `GET /offerings`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OfferingList {
-    pub offerings: Vec<OfferingView>,
+    pub offerings: Vec<crate::booking::Offering>,
 }
 
 /// A tenant the caller belongs to.
@@ -215,29 +179,13 @@ pub struct MeView {
     pub tenants: Vec<MembershipView>,
 }
 
-/// A tenant's quota.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct QuotaView {
-    pub max_active_bookings: i32,
-    pub max_gpu_memory_gib: i32,
-    pub max_compute_slices: i32,
-    pub default_priority: Priority,
-    pub guaranteed_share_pct: i32,
-    pub monthly_slice_hours: i32,
-    pub max_booking_hours: i32,
-    /// Empty: every model.
-    pub allowed_models: Vec<String>,
-    /// Empty: every profile.
-    pub allowed_profiles: Vec<String>,
-}
-
 /// A tenant with its quota.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantView {
     pub slug: String,
     pub name: String,
     pub archived: bool,
-    pub quota: QuotaView,
+    pub quota: crate::domain::Quota,
 }
 
 /// `GET /tenants`.
