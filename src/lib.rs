@@ -10,6 +10,7 @@ pub mod domain;
 pub mod gpu;
 pub mod placement;
 pub mod sched;
+pub mod watch;
 pub mod web;
 pub mod worker;
 

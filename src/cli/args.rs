@@ -59,6 +59,17 @@ pub enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Stage faults and load on the simulated fleet (simulated backend
+    /// only; writes the node's state file). Needs no database.
+    Sim {
+        #[command(subcommand)]
+        cmd: SimCommand,
+        #[command(flatten)]
+        gpu: GpuArgs,
+    },
+    /// Alert rules: list them, or change one (audited).
+    #[command(subcommand)]
+    Alert(AlertCommand),
     /// Run CMD inside an active booking on this GPU node: joins the booking's
     /// cgroup through the local worker and sets CUDA_VISIBLE_DEVICES.
     /// Needs no database; exits with CMD's status.
@@ -102,6 +113,9 @@ pub struct ServeArgs {
     /// Currency of tariffs and reports (ISO 4217 code, e.g. EUR, USD, CHF).
     #[arg(long, env = "GPUSLICE_CURRENCY", default_value = "EUR")]
     pub currency: String,
+    /// Bearer token `/metrics` asks for (unset: `/metrics` is open).
+    #[arg(long, env = "GPUSLICE_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
 }
 
 /// Where the GPUs come from: the settings of a worker.
@@ -160,6 +174,26 @@ pub struct GpuArgs {
     /// Usage rows the local spool holds while PostgreSQL is unreachable.
     #[arg(long, env = "GPUSLICE_SPOOL_MAX_ROWS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(100..=100_000_000))]
     pub spool_max_rows: u64,
+    /// Seconds between telemetry samples of every GPU and booking (and
+    /// between alert evaluations).
+    #[arg(long, env = "GPUSLICE_TELEMETRY_INTERVAL_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub telemetry_interval_secs: u64,
+    /// Hours raw telemetry samples are kept (5-minute rollups stay longer).
+    #[arg(long, env = "GPUSLICE_TELEMETRY_RAW_HOURS", default_value_t = 48, value_parser = clap::value_parser!(i64).range(1..=8760))]
+    pub telemetry_raw_hours: i64,
+    /// Days the 5-minute telemetry rollups are kept.
+    #[arg(long, env = "GPUSLICE_TELEMETRY_ROLLUP_DAYS", default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..=3650))]
+    pub telemetry_rollup_days: i64,
+    /// SMTP server for e-mail notifications: smtp://host:25,
+    /// smtps://user:pass@host:465 (unset: no e-mail).
+    #[arg(long, env = "GPUSLICE_SMTP_URL", hide_env_values = true)]
+    pub smtp_url: Option<String>,
+    /// Sender of notification e-mails ("gpuslice <gpus@example.edu>").
+    #[arg(long, env = "GPUSLICE_MAIL_FROM")]
+    pub mail_from: Option<String>,
+    /// Slack/Mattermost-compatible incoming webhook for alerts (unset: none).
+    #[arg(long, env = "GPUSLICE_ALERT_WEBHOOK_URL", hide_env_values = true)]
+    pub alert_webhook_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -295,5 +329,94 @@ pub enum TokenCommand {
         email: String,
         #[arg(long, default_value = "cli")]
         name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Stage what a GPU reports (each value replaces the modelled one).
+    Set(SimSetArgs),
+    /// The driver reports an XID error on a GPU.
+    Xid {
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        gpu: u32,
+        /// The XID code (e.g. 79: fallen off the bus; 48: double-bit ECC).
+        #[arg(long)]
+        code: u64,
+    },
+    /// A process starts using a GPU or MIG device.
+    Process {
+        #[arg(long)]
+        node: String,
+        /// The GPU's or MIG device's uuid.
+        #[arg(long)]
+        device: String,
+        #[arg(long)]
+        pid: u32,
+        /// GPU memory it uses.
+        #[arg(long, default_value_t = 1024)]
+        used_mib: u64,
+    },
+    /// The GPU reports its modelled values again (staged values, lost and
+    /// undelivered events cleared).
+    Clear {
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        gpu: u32,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SimSetArgs {
+    #[arg(long)]
+    pub node: String,
+    /// The GPU's index on the node.
+    #[arg(long)]
+    pub gpu: u32,
+    /// Degrees Celsius.
+    #[arg(long)]
+    pub temperature: Option<u32>,
+    /// Percent.
+    #[arg(long)]
+    pub utilization: Option<u32>,
+    /// Watts.
+    #[arg(long)]
+    pub power: Option<f64>,
+    #[arg(long)]
+    pub memory_used_mib: Option<u64>,
+    /// Uncorrectable ECC errors since the last reset.
+    #[arg(long)]
+    pub ecc_uncorrectable: Option<u64>,
+    /// The GPU falls off the bus.
+    #[arg(long, conflicts_with = "found")]
+    pub lost: bool,
+    /// A lost GPU answers again.
+    #[arg(long)]
+    pub found: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AlertCommand {
+    /// List the alert rules.
+    Rules,
+    /// Change an alert rule.
+    Rule {
+        /// The rule's name (see `gpuslice alert rules`).
+        name: String,
+        #[arg(long)]
+        threshold: Option<String>,
+        /// How long the condition must hold, in seconds.
+        #[arg(long)]
+        for_secs: Option<String>,
+        /// info, warning, critical or high.
+        #[arg(long)]
+        severity: Option<String>,
+        #[arg(long, conflicts_with = "disable")]
+        enable: bool,
+        #[arg(long)]
+        disable: bool,
     },
 }

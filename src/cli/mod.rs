@@ -6,12 +6,14 @@
 //! [`node`] starts a GPU node's parts the same way for every backend.
 
 mod admin;
+mod alerts;
 mod args;
 mod bench;
 mod exec;
 mod gpu_check;
 mod node;
 mod serve;
+mod sim;
 
 use std::io::Read;
 
@@ -21,8 +23,8 @@ use crate::db::{self, Database};
 
 pub use admin::{tenant_add, token_create, user_add, user_link};
 pub use args::{
-    BenchCommand, Cli, Command, GpuArgs, ServeArgs, TenantAddArgs, TenantCommand, TokenCommand,
-    UserAddArgs, UserCommand, WorkerArgs,
+    AlertCommand, BenchCommand, Cli, Command, GpuArgs, ServeArgs, SimCommand, TenantAddArgs,
+    TenantCommand, TokenCommand, UserAddArgs, UserCommand, WorkerArgs,
 };
 pub use bench::bench;
 pub use gpu_check::gpu_check;
@@ -58,6 +60,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             return exec::exec(&socket, *booking, cmd);
         }
         Command::Bench(b) => return bench(b),
+        Command::Sim { cmd, gpu } => {
+            println!("{}", sim::sim(cmd, gpu, &cli.data_dir)?);
+            return Ok(());
+        }
         _ => {}
     }
     let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
@@ -70,7 +76,15 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
     match command {
-        Command::GpuCheck { .. } | Command::Bench(_) | Command::Exec { .. } => Ok(()),
+        Command::GpuCheck { .. }
+        | Command::Bench(_)
+        | Command::Exec { .. }
+        | Command::Sim { .. } => Ok(()),
+        Command::Alert(cmd) => {
+            print!("{}", alerts::alert(&pool, &cmd).await?);
+            println!();
+            Ok(())
+        }
         Command::User(UserCommand::Link { email, unix_user }) => {
             user_link(&pool, &email, &unix_user).await?;
             println!(
@@ -89,7 +103,8 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
             let mut gpu = args.gpu.clone();
             gpu.node_name = Some(args.node.clone());
             let shutdown = shutdown_signal();
-            let tasks = start_workers(&pool, &gpu, data_dir, Some(&args.node))?;
+            let mut tasks = node::start_watch(&pool, &gpu)?;
+            tasks.extend(start_workers(&pool, &gpu, data_dir, Some(&args.node))?);
             shutdown.await;
             for t in tasks {
                 t.abort();

@@ -31,6 +31,8 @@ pub struct NodeSettings {
     pub share_memory_grace: Duration,
     /// Whether booking cgroups are wanted (`auto`) or turned off.
     pub cgroups: bool,
+    /// How often telemetry is sampled.
+    pub telemetry_every: Duration,
 }
 
 impl NodeSettings {
@@ -62,6 +64,7 @@ impl NodeSettings {
             spool_dir: data_dir.join("spool"),
             share_memory_grace: Duration::from_secs(gpu.share_memory_grace_secs),
             cgroups: gpu.cgroups != "off",
+            telemetry_every: Duration::from_secs(gpu.telemetry_interval_secs),
         })
     }
 }
@@ -115,6 +118,18 @@ impl Node {
                 settings.meter.clone(),
             )),
         ];
+        tasks.push(tokio::spawn(crate::worker::telemetry::run(
+            pool.clone(),
+            name.to_string(),
+            backend.clone(),
+            cgroups.clone(),
+            settings.telemetry_every,
+        )));
+        tasks.push(tokio::spawn(crate::worker::telemetry::run_events(
+            pool.clone(),
+            name.to_string(),
+            backend.clone(),
+        )));
         if let Some(l) = &cgroups {
             tasks.push(tokio::spawn(crate::sched::shares::run(
                 pool.clone(),
@@ -242,5 +257,40 @@ pub fn start_workers(
         socket,
         exec_nodes,
     )));
+    Ok(tasks)
+}
+
+/// Starts the watcher (alert rules, rollups, retention) and, when e-mail
+/// or a webhook is configured, the notifier. Every process that serves or
+/// drives GPUs runs them. The settings are checked first; an error starts
+/// nothing.
+pub fn start_watch(pool: &PgPool, gpu: &GpuArgs) -> Result<Vec<JoinHandle<()>>> {
+    let channels = crate::watch::notifier::Channels::from_settings(
+        gpu.smtp_url.as_deref(),
+        gpu.mail_from.as_deref(),
+        gpu.alert_webhook_url.as_deref(),
+    )
+    .map_err(|e| anyhow!(e))?;
+    let mut settings = crate::watch::Settings::new(gpu.telemetry_interval_secs);
+    settings.retention = crate::db::telemetry::Retention {
+        raw_hours: gpu.telemetry_raw_hours,
+        rollup_days: gpu.telemetry_rollup_days,
+    };
+    let mut tasks = vec![tokio::spawn(crate::watch::run(pool.clone(), settings))];
+    if channels.any() {
+        tracing::info!(channels = ?channels, "notifications on");
+        let who = format!(
+            "{}:{}",
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            std::process::id()
+        );
+        tasks.push(tokio::spawn(crate::watch::notifier::run(
+            pool.clone(),
+            channels,
+            who,
+        )));
+    }
     Ok(tasks)
 }

@@ -36,13 +36,19 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
                 args.bind
             )
         })?;
-    let workers = if args.no_worker {
-        Vec::new()
-    } else {
-        super::start_workers(&pool, &args.gpu, data_dir, None)?
-    };
+    let mut workers = super::node::start_watch(&pool, &args.gpu)?;
+    if !args.no_worker {
+        workers.extend(super::start_workers(&pool, &args.gpu, data_dir, None)?);
+    }
     let mut state = AppState::new(pool, settings).await?;
     state.currency = std::sync::Arc::from(currency.as_str());
+    state.metrics_token = args
+        .metrics_token
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(std::sync::Arc::from);
+    state.telemetry_interval_secs = args.gpu.telemetry_interval_secs;
     state.booking_settings = std::sync::Arc::new(crate::booking::Settings {
         max_ahead_days: args.max_ahead_days,
         ..Default::default()

@@ -1,10 +1,13 @@
 //! All SQL of gpuslice. Functions take `impl PgExecutor` so that one function
 //! serves a pool or a transaction; the embedded cluster lives in [`embedded`].
 
+pub mod alerts;
 pub mod audit;
 pub mod bookings;
 pub mod embedded;
 pub mod fleet;
+pub mod notify;
+pub mod telemetry;
 pub mod tenants;
 pub mod throttle;
 pub mod tokens;

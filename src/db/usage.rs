@@ -1,4 +1,4 @@
-//! Usage rows, tariffs, alerts and the reports built from them.
+//! Usage rows, tariffs and the reports built from them.
 
 use futures_util::stream::BoxStream;
 use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
@@ -86,24 +86,6 @@ pub async fn record(tx: &mut Transaction<'_, Postgres>, rows: &[UsageRow]) -> sq
     .execute(&mut **tx)
     .await?;
     Ok(inserted)
-}
-
-/// Raises an alert.
-pub async fn alert(
-    db: impl PgExecutor<'_>,
-    severity: &str,
-    source: &str,
-    message: &str,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "INSERT INTO alerts (severity, source, message) VALUES ($1, $2, $3)",
-        severity,
-        source,
-        message
-    )
-    .execute(db)
-    .await?;
-    Ok(())
 }
 
 /// A tariff as stored.

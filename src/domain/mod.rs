@@ -51,6 +51,7 @@ macro_rules! text_enum {
     };
 }
 
+pub mod alerts;
 pub mod booking;
 pub mod lifecycle;
 mod password;

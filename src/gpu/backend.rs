@@ -51,15 +51,61 @@ pub struct GpuProcess {
     pub used_memory_mib: u64,
 }
 
-/// A telemetry sample; fields the hardware does not give are `None`
-/// (utilisation on MIG devices before Hopper's GPM, power on some boards).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// A telemetry sample of one GPU; fields the hardware does not give are
+/// `None` (whole-GPU utilisation in MIG mode, power on some boards, ECC on
+/// boards without it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Telemetry {
     pub memory_used_mib: u64,
     pub memory_total_mib: u64,
     pub utilization_pct: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
+    /// Uncorrectable (double-bit) ECC errors since the last reset (volatile).
+    pub ecc_uncorrectable: Option<u64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    /// Its MIG devices (MIG mode only).
+    pub devices: Vec<DeviceSample>,
+}
+
+/// Telemetry of one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceSample {
+    /// `MIG-...`
+    pub device_uuid: String,
+    pub memory_used_mib: u64,
+    pub memory_total_mib: u64,
+    /// Where the driver reports it (GPM on Hopper and newer).
+    pub utilization_pct: Option<u32>,
+}
+
+/// What the driver pushes rather than being asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// An XID error; the code says which.
+    Xid,
+    /// A double-bit ECC error.
+    EccUncorrectable,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Xid => "xid",
+            EventKind::EccUncorrectable => "ecc_uncorrectable",
+        }
+    }
+}
+
+/// One driver event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuEvent {
+    pub gpu_uuid: String,
+    pub kind: EventKind,
+    /// The XID code; the error count for ECC events.
+    pub code: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -153,6 +199,19 @@ pub trait GpuBackend: Send + Sync {
     ) -> Result<Option<Vec<(u32, u32)>>, BackendError> {
         Ok(None)
     }
+
+    /// Waits up to `timeout` for driver events (XID and double-bit ECC
+    /// errors; NVML's event set) and returns them; an empty list when none
+    /// came. Backends without events sleep out the timeout.
+    fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
+        std::thread::sleep(timeout);
+        Ok(Vec::new())
+    }
+
+    /// The processes the worker found in the cgroup of the booking on
+    /// `device_uuid`. Real hardware sees them by itself; the simulation
+    /// learns of them here, so that its load follows them.
+    fn observe_processes(&self, _device_uuid: &str, _pids: &[u32]) {}
 
     /// Switches an empty GPU's MIG mode on an admin's request. The change
     /// may stay pending until the GPU is reset (`GpuInfo::mig_pending`).

@@ -96,6 +96,22 @@ impl Model {
     pub fn profile_by_enum(&self, nvml_enum: u32) -> Option<&Profile> {
         self.profiles.iter().find(|p| p.nvml_enum == nvml_enum)
     }
+
+    /// Board power limit in watts, for the simulation's power model only
+    /// (the figures of NVIDIA's product pages for the SXM/PCIe boards,
+    /// rounded; real nodes report their own).
+    pub fn tdp_w(&self) -> f64 {
+        match self.id.split('-').next().unwrap_or("") {
+            "H100" | "H200" => 700.0,
+            "GH200" | "B200" => 1000.0,
+            "A100" => 400.0,
+            "A30" => 165.0,
+            "L40S" => 350.0,
+            "A10" => 150.0,
+            "T4" => 70.0,
+            _ => 300.0,
+        }
+    }
 }
 
 /// One row of the 8-slice table of mig.md: (profile id, enum index,

@@ -9,4 +9,7 @@ pub mod mig;
 pub mod nvml;
 pub mod sim;
 
-pub use backend::{BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry};
+pub use backend::{
+    BackendError, DeviceSample, EventKind, GpuBackend, GpuEvent, GpuInfo, GpuProcess, Instance,
+    Telemetry,
+};

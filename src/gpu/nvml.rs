@@ -22,7 +22,8 @@ use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
 use super::backend::{
-    end_processes, BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry,
+    end_processes, BackendError, DeviceSample, EventKind, GpuBackend, GpuEvent, GpuInfo,
+    GpuProcess, Instance, Telemetry,
 };
 use super::catalog::{self, Model, Placement};
 
@@ -34,7 +35,16 @@ pub struct NvmlBackend {
     /// The uuids of the GPUs to manage, resolved once at start; `None`: all.
     managed: Option<std::collections::HashSet<String>>,
     allow_mode_change: bool,
+    /// The event set (XID and double-bit ECC errors of the managed GPUs),
+    /// made at the first [`GpuBackend::wait_events`]; the raw handle.
+    events: std::sync::Mutex<Option<usize>>,
 }
+
+/// `nvmlEventTypeDoubleBitEccError` and `nvmlEventTypeXidCriticalError`.
+const EVENT_DBE: u64 = 0x2;
+const EVENT_XID: u64 = 0x8;
+/// `NVML_ERROR_TIMEOUT`: no event came in time.
+const TIMEOUT: u32 = 10;
 
 /// The compute-instance profile enum that spans a GPU instance of `slices`
 /// (`NVML_COMPUTE_INSTANCE_PROFILE_*_SLICE`).
@@ -104,6 +114,7 @@ impl NvmlBackend {
             nvml,
             managed,
             allow_mode_change,
+            events: std::sync::Mutex::new(None),
         })
     }
 
@@ -114,6 +125,44 @@ impl NvmlBackend {
     ) -> Result<&'a F, BackendError> {
         f.as_ref()
             .map_err(|_| BackendError::Driver(format!("{name} is missing from the NVML library")))
+    }
+
+    /// The event set for XID and double-bit ECC errors of the managed
+    /// GPUs, made once. A GPU that cannot report an event type (NVML says
+    /// not supported) is left out of it, with a log line.
+    fn event_set(&self) -> Result<usize, BackendError> {
+        let mut held = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = *held {
+            return Ok(set);
+        }
+        let lib = self.nvml.lib();
+        let create = self.raw("nvmlEventSetCreate", &lib.nvmlEventSetCreate)?;
+        let register = self.raw("nvmlDeviceRegisterEvents", &lib.nvmlDeviceRegisterEvents)?;
+        let mut set: sys::nvmlEventSet_t = ptr::null_mut();
+        // SAFETY: `set` is a local of the prototype's type.
+        self.check("nvmlEventSetCreate", unsafe { create(&mut set) })?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        for i in 0..count {
+            let Ok(d) = self.nvml.device_by_index(i) else {
+                continue;
+            };
+            let Ok(uuid) = d.uuid() else { continue };
+            if !self.managed(&uuid) {
+                continue;
+            }
+            for (kind, name) in [(EVENT_XID, "XID"), (EVENT_DBE, "double-bit ECC")] {
+                // SAFETY: the device handle and `set` are live.
+                let r = unsafe { register(d.handle(), kind, set) };
+                if r != SUCCESS {
+                    tracing::warn!(gpu = %uuid, code = r, "{name} events are not available on this GPU");
+                }
+            }
+        }
+        *held = Some(set as usize);
+        Ok(set as usize)
     }
 
     fn check(&self, call: &'static str, ret: u32) -> Result<(), BackendError> {
@@ -535,18 +584,85 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
+        use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError};
         self.check_managed(gpu_uuid)?;
         let d = self.device(gpu_uuid)?;
-        let mem = d
-            .memory_info()
-            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        let mem = d.memory_info().map_err(|e| match e {
+            NvmlError::GpuLost => BackendError::GpuLost(gpu_uuid.to_string()),
+            e => BackendError::Driver(e.to_string()),
+        })?;
+        let mig = matches!(d.mig_mode(), Ok(m) if m.current == 1);
+        let mut devices = Vec::new();
+        if mig {
+            // SAFETY: `handle` is the live handle of `d`.
+            for (_, _, uuid) in self.mig_uuids(unsafe { d.handle() })? {
+                let Ok(m) = self.nvml.device_by_uuid(uuid.as_str()) else {
+                    continue;
+                };
+                let Ok(mi) = m.memory_info() else { continue };
+                devices.push(DeviceSample {
+                    device_uuid: uuid,
+                    memory_used_mib: mi.used / (1024 * 1024),
+                    memory_total_mib: mi.total / (1024 * 1024),
+                    // Per-instance utilisation needs GPM (Hopper and newer),
+                    // which nvml-wrapper does not wrap yet; left out.
+                    utilization_pct: None,
+                });
+            }
+        }
         Ok(Telemetry {
             memory_used_mib: mem.used / (1024 * 1024),
             memory_total_mib: mem.total / (1024 * 1024),
             utilization_pct: d.utilization_rates().ok().map(|u| u.gpu),
             temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
             power_w: d.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            ecc_uncorrectable: d
+                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok(),
+            sm_clock_mhz: d.clock_info(Clock::SM).ok(),
+            mem_clock_mhz: d.clock_info(Clock::Memory).ok(),
+            devices,
         })
+    }
+
+    fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
+        let set = self.event_set()?;
+        let lib = self.nvml.lib();
+        let wait = self.raw("nvmlEventSetWait_v2", &lib.nvmlEventSetWait_v2)?;
+        let get_uuid = self.raw("nvmlDeviceGetUUID", &lib.nvmlDeviceGetUUID)?;
+        let mut out = Vec::new();
+        let mut ms = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
+        loop {
+            // SAFETY: `set` is the live event set made by `event_set`; the
+            // event data is a local of the prototype's type.
+            let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };
+            let r = unsafe { wait(set as sys::nvmlEventSet_t, &mut data, ms) };
+            if r == TIMEOUT {
+                return Ok(out);
+            }
+            self.check("nvmlEventSetWait_v2", r)?;
+            let mut buf = [0 as c_char; 96];
+            // SAFETY: the device handle comes from the driver's event.
+            let uuid = unsafe {
+                self.check(
+                    "nvmlDeviceGetUUID",
+                    get_uuid(data.device, buf.as_mut_ptr(), buf.len() as c_uint),
+                )?;
+                CStr::from_ptr(buf.as_ptr()).to_string_lossy().to_string()
+            };
+            let kind = if data.eventType & EVENT_XID != 0 {
+                EventKind::Xid
+            } else {
+                EventKind::EccUncorrectable
+            };
+            out.push(GpuEvent {
+                gpu_uuid: uuid,
+                kind,
+                code: data.eventData,
+            });
+            // Collect what else is already queued, without waiting again.
+            ms = 0;
+        }
     }
 
     fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {

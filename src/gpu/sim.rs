@@ -5,7 +5,7 @@
 //! directory, so a restarted gpuslice finds the instances it left, as on
 //! real GPUs. Faults can be injected for tests.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::backend::{
-    end_processes, BackendError, GpuBackend, GpuInfo, GpuProcess, Instance, Telemetry,
+    end_processes, BackendError, DeviceSample, EventKind, GpuBackend, GpuEvent, GpuInfo,
+    GpuProcess, Instance, Telemetry,
 };
 use super::catalog::{self, Placement};
 use super::fleet::{Fleet, Mode};
@@ -41,6 +42,105 @@ struct SimGpu {
     /// Processes on the whole GPU (time-slice mode).
     processes: Vec<GpuProcess>,
     next_gi: u32,
+    /// Values staged by `gpuslice sim set` (faults, load).
+    #[serde(default)]
+    staged: Staged,
+    /// Driver events staged by `gpuslice sim xid`, not yet delivered.
+    #[serde(default)]
+    events: Vec<(EventKind, u64)>,
+}
+
+/// What `gpuslice sim set` stages on a simulated GPU: each value, when
+/// set, replaces what the load model gives. The stand-in NVML library
+/// keeps the same record, so both backends serve the same values.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Staged {
+    pub temperature_c: Option<u32>,
+    pub utilization_pct: Option<u32>,
+    pub power_w: Option<f64>,
+    pub memory_used_mib: Option<u64>,
+    pub ecc_uncorrectable: Option<u64>,
+    /// Fallen off the bus.
+    #[serde(default)]
+    pub lost: bool,
+}
+
+impl Staged {
+    /// Overlays the staged values on a sample.
+    pub fn apply(&self, t: &mut Telemetry) {
+        if let Some(v) = self.temperature_c {
+            t.temperature_c = Some(v);
+        }
+        if let Some(v) = self.utilization_pct {
+            t.utilization_pct = Some(v.min(100));
+        }
+        if let Some(v) = self.power_w {
+            t.power_w = Some(v);
+        }
+        if let Some(v) = self.memory_used_mib {
+            t.memory_used_mib = v.min(t.memory_total_mib);
+        }
+        if let Some(v) = self.ecc_uncorrectable {
+            t.ecc_uncorrectable = Some(v);
+        }
+    }
+}
+
+/// A device (MIG device, or the whole GPU outside MIG) as the load model
+/// sees it.
+pub struct Load<'a> {
+    pub device_uuid: &'a str,
+    /// Its share of the GPU's compute (compute slices / 7; 1 outside MIG).
+    pub compute_fraction: f64,
+    pub memory_total_mib: u64,
+    pub memory_used_mib: u64,
+    /// Processes running on it.
+    pub processes: usize,
+}
+
+/// The simulation's load model, shared with the stand-in NVML library: a
+/// device with processes is busy (85 % of its compute, more processes add
+/// little), one without is idle; temperature, power and clocks follow the
+/// GPU's utilisation. Utilisation of MIG devices is reported on Hopper
+/// and newer (GPM), as NVML does, and whole-GPU utilisation only outside
+/// MIG mode.
+pub fn model_telemetry(model: &str, mig: bool, memory_total_mib: u64, loads: &[Load]) -> Telemetry {
+    let busy = |l: &Load| match l.processes {
+        0 => 0.0,
+        n => (85.0 + 5.0 * (n as f64 - 1.0)).min(98.0),
+    };
+    let util: f64 = loads
+        .iter()
+        .map(|l| busy(l) * l.compute_fraction)
+        .sum::<f64>()
+        .min(100.0);
+    let gpm = ["H100", "H200", "GH200", "B200"]
+        .iter()
+        .any(|p| model.starts_with(p));
+    let tdp = catalog::model(model).map(|m| m.tdp_w()).unwrap_or(300.0);
+    Telemetry {
+        memory_used_mib: loads.iter().map(|l| l.memory_used_mib).sum(),
+        memory_total_mib,
+        utilization_pct: (!mig).then_some(util.round() as u32),
+        temperature_c: Some((32.0 + util * 0.45).round() as u32),
+        power_w: Some((tdp * 0.12 + tdp * 0.8 * util / 100.0).round()),
+        ecc_uncorrectable: Some(0),
+        sm_clock_mhz: Some(if util > 0.0 { 1980 } else { 345 }),
+        mem_clock_mhz: Some(2619),
+        devices: if mig {
+            loads
+                .iter()
+                .map(|l| DeviceSample {
+                    device_uuid: l.device_uuid.to_string(),
+                    memory_used_mib: l.memory_used_mib,
+                    memory_total_mib: l.memory_total_mib,
+                    utilization_pct: gpm.then_some(busy(l).round() as u32),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -56,6 +156,8 @@ struct Faults {
     fail_next_create: Option<String>,
     lost: HashSet<String>,
     delay: Duration,
+    /// Live processes the worker found in bookings' cgroups, by device.
+    observed: HashMap<String, usize>,
 }
 
 /// Where an injected crash strikes.
@@ -145,6 +247,8 @@ impl SimBackend {
                     instances: Vec::new(),
                     processes: Vec::new(),
                     next_gi: 1,
+                    staged: Staged::default(),
+                    events: Vec::new(),
                 });
             }
         }
@@ -282,16 +386,74 @@ impl SimBackend {
         })
     }
 
-    /// Applies the injected delay; returns the GPUs now lost.
+    /// Applies the injected delay; returns the GPUs now lost (by a test's
+    /// fault or staged by `gpuslice sim set --lost`).
     fn pause(&self) -> HashSet<String> {
-        let (delay, lost) = {
+        let (delay, mut lost) = {
             let f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
             (f.delay, f.lost.clone())
         };
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
+        if let Ok(staged) = self.access(false, |state| {
+            Ok(state
+                .gpus
+                .iter()
+                .filter(|g| g.staged.lost)
+                .map(|g| g.uuid.clone())
+                .collect::<Vec<_>>())
+        }) {
+            lost.extend(staged);
+        }
         lost
+    }
+
+    /// `gpuslice sim set`: changes what GPU `index` reports (`change`
+    /// edits the staged values). Works on a lost GPU too (`--found`).
+    pub fn stage(&self, index: u32, change: impl FnOnce(&mut Staged)) -> Result<(), BackendError> {
+        self.on_index(index, |g| {
+            change(&mut g.staged);
+            Ok(())
+        })
+    }
+
+    /// `gpuslice sim clear`: the GPU reports its modelled values again,
+    /// is found again, and undelivered events are dropped.
+    pub fn clear(&self, index: u32) -> Result<(), BackendError> {
+        self.on_index(index, |g| {
+            g.staged = Staged::default();
+            g.events.clear();
+            Ok(())
+        })
+    }
+
+    /// `gpuslice sim xid`: the driver reports an XID error on GPU `index`.
+    pub fn raise_event(&self, index: u32, kind: EventKind, code: u64) -> Result<(), BackendError> {
+        self.on_index(index, |g| {
+            g.events.push((kind, code));
+            Ok(())
+        })
+    }
+
+    /// The uuid of GPU `index`.
+    pub fn uuid_of(&self, index: u32) -> Result<String, BackendError> {
+        self.on_index(index, |g| Ok(g.uuid.clone()))
+    }
+
+    fn on_index<T>(
+        &self,
+        index: u32,
+        f: impl FnOnce(&mut SimGpu) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.access(true, |state| {
+            let g = state
+                .gpus
+                .iter_mut()
+                .find(|g| g.index == index)
+                .ok_or_else(|| BackendError::NoSuchGpu(format!("index {index}")))?;
+            f(g)
+        })
     }
 
     /// Runs `f` on the state as the hardware holds it now. With a state
@@ -546,23 +708,85 @@ impl GpuBackend for SimBackend {
     }
 
     fn telemetry(&self, gpu_uuid: &str) -> Result<Telemetry, BackendError> {
+        let observed = self
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observed
+            .clone();
+        let seen = |uuid: &str, procs: &[GpuProcess]| {
+            procs.len() + observed.get(uuid).copied().unwrap_or(0)
+        };
         self.read_gpu(gpu_uuid, |g| {
             let model = catalog::model(&g.model);
-            let procs: Vec<&GpuProcess> = g
-                .processes
-                .iter()
-                .chain(g.instances.iter().flat_map(|i| i.processes.iter()))
-                .collect();
-            let busy = procs.len() as u32;
-            Ok(Telemetry {
-                memory_used_mib: procs.iter().map(|p| p.used_memory_mib).sum(),
-                memory_total_mib: model.map(|m| (m.memory_gib * 1024.0) as u64).unwrap_or(0),
-                // Whole-GPU utilisation is not defined per MIG device before
-                // Hopper's GPM; the simulation reports it only outside MIG.
-                utilization_pct: (!g.mig_current).then_some((busy * 35).min(100)),
-                temperature_c: Some(34 + busy * 6),
-                power_w: Some(60.0 + f64::from(busy) * 90.0),
-            })
+            let total = model.map(|m| (m.memory_gib * 1024.0) as u64).unwrap_or(0);
+            let loads: Vec<Load> = if g.mig_current {
+                g.instances
+                    .iter()
+                    .filter_map(|i| {
+                        let p = model?.profile_by_id(i.profile_id)?;
+                        let uuid = i.device_uuid.as_deref()?;
+                        Some(Load {
+                            device_uuid: uuid,
+                            compute_fraction: f64::from(p.compute_slices)
+                                / f64::from(model?.compute_slices.max(1)),
+                            memory_total_mib: (p.memory_gib * 1024.0) as u64,
+                            memory_used_mib: i.processes.iter().map(|p| p.used_memory_mib).sum(),
+                            processes: seen(uuid, &i.processes),
+                        })
+                    })
+                    .collect()
+            } else {
+                vec![Load {
+                    device_uuid: &g.uuid,
+                    compute_fraction: 1.0,
+                    memory_total_mib: total,
+                    memory_used_mib: g.processes.iter().map(|p| p.used_memory_mib).sum(),
+                    processes: seen(&g.uuid, &g.processes),
+                }]
+            };
+            let mut t = model_telemetry(&g.model, g.mig_current, total, &loads);
+            g.staged.apply(&mut t);
+            Ok(t)
         })
+    }
+
+    fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let has = self.access(false, |state| {
+                Ok(state.gpus.iter().any(|g| !g.events.is_empty()))
+            })?;
+            if has {
+                return self.access(true, |state| {
+                    Ok(state
+                        .gpus
+                        .iter_mut()
+                        .flat_map(|g| {
+                            let uuid = g.uuid.clone();
+                            g.events.drain(..).map(move |(kind, code)| GpuEvent {
+                                gpu_uuid: uuid.clone(),
+                                kind,
+                                code,
+                            })
+                        })
+                        .collect())
+                });
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(Vec::new());
+            }
+            std::thread::sleep(left.min(Duration::from_millis(500)));
+        }
+    }
+
+    fn observe_processes(&self, device_uuid: &str, pids: &[u32]) {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        if pids.is_empty() {
+            f.observed.remove(device_uuid);
+        } else {
+            f.observed.insert(device_uuid.to_string(), pids.len());
+        }
     }
 }

@@ -371,6 +371,10 @@ pub async fn list(
 pub struct Detail {
     pub b: Booking,
     pub events: Vec<db::bookings::Event>,
+    /// Memory against its limit and utilisation since it started (SVG).
+    pub chart: Option<String>,
+    /// Alerts on this booking, open first.
+    pub alerts: Vec<db::alerts::Alert>,
     pub is_owner: bool,
     pub can_force: bool,
     pub live: bool,
@@ -505,7 +509,66 @@ async fn detail(
     let b = booking::visible(&state.pool, &who, id).await?;
     let events = db::bookings::events(&state.pool, id).await?;
     let live = b.status.is_live();
+    let alerts = db::alerts::list(
+        &state.pool,
+        &db::alerts::Filter {
+            booking_id: Some(id),
+            limit: 50,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let history = db::telemetry::booking_history(&state.pool, id).await?;
+    let chart = (!history.is_empty()).then(|| {
+        let limit = history
+            .iter()
+            .map(|p| p.memory_limit_mib)
+            .max()
+            .unwrap_or(0) as f64
+            / 1024.0;
+        let mut series = vec![
+            super::charts::Series {
+                label: "memory used (GiB)",
+                class: "line-a",
+                points: history
+                    .iter()
+                    .map(|p| (p.at, Some(p.memory_used_mib / 1024.0)))
+                    .collect(),
+            },
+            super::charts::Series {
+                label: "memory limit (GiB)",
+                class: "line-limit",
+                points: history
+                    .iter()
+                    .map(|p| (p.at, Some(p.memory_limit_mib as f64 / 1024.0)))
+                    .collect(),
+            },
+        ];
+        let mut out = super::charts::line_chart(
+            &series,
+            (limit * 1.05).max(1.0),
+            " GiB",
+            "GPU memory since the start",
+        );
+        if history.iter().any(|p| p.utilization.is_some()) {
+            series.truncate(0);
+            series.push(super::charts::Series {
+                label: "utilisation (%)",
+                class: "line-b",
+                points: history.iter().map(|p| (p.at, p.utilization)).collect(),
+            });
+            out.push_str(&super::charts::line_chart(
+                &series,
+                100.0,
+                " %",
+                "Utilisation since the start",
+            ));
+        }
+        out
+    });
     Ok(Detail {
+        chart,
+        alerts,
         is_owner: b.user_id == user.user.id,
         can_force: user.is_admin() || user.membership(b.tenant_id).is_some_and(|m| m.is_manager()),
         live,

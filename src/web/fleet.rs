@@ -13,6 +13,7 @@ use serde_json::json;
 use tower_sessions::Session;
 
 use super::auth::Admin;
+use super::charts;
 use super::error::AppError;
 use super::pages::{flash, PageCtx};
 use super::AppState;
@@ -45,6 +46,11 @@ pub struct GpuView {
     pub used_slices: u32,
     pub frag: GpuFrag,
     pub stale: bool,
+    /// Sparklines of the last 24 hours (utilisation, temperature, memory).
+    pub sparks: String,
+    /// The worst open alert: `critical`, `warning`, `info`, or empty.
+    pub alert: &'static str,
+    pub alerts_open: usize,
 }
 
 /// Fragmentation of one GPU now, as the fleet page and `/metrics` show it.
@@ -215,7 +221,114 @@ fn view(gpu: Gpu, frag: GpuFrag) -> GpuView {
         used_slices,
         frag,
         stale,
+        sparks: String::new(),
+        alert: "",
+        alerts_open: 0,
     }
+}
+
+/// Points of the last 24 hours at 5-minute steps.
+const SPARK_POINTS: usize = 288;
+
+/// Adds each GPU's sparklines and worst open alert.
+async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), AppError> {
+    let now = OffsetDateTime::now_utc();
+    let since = now - time::Duration::hours(24);
+    let ids: Vec<i64> = views.iter().map(|v| v.gpu.id).collect();
+    let history = db::telemetry::gpu_history(pool, &ids, since).await?;
+    let open = db::alerts::list(
+        pool,
+        &db::alerts::Filter {
+            states: Some(vec![
+                crate::domain::alerts::AlertState::Firing,
+                crate::domain::alerts::AlertState::Pending,
+            ]),
+            limit: 10_000,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let step = 300.0;
+    for v in views.iter_mut() {
+        let mut util = vec![None; SPARK_POINTS];
+        let mut temp = vec![None; SPARK_POINTS];
+        let mut mem = vec![None; SPARK_POINTS];
+        for p in history.iter().filter(|p| p.gpu_id == v.gpu.id) {
+            let i = ((p.at - since).as_seconds_f64() / step) as usize;
+            if i < SPARK_POINTS {
+                util[i] = p.utilization;
+                temp[i] = p.temperature;
+                mem[i] = p.memory_used_mib.map(|m| m / 1024.0);
+            }
+        }
+        let last = |xs: &[Option<f64>]| xs.iter().rev().flatten().next().copied();
+        let total = v.gpu.memory_mib as f64 / 1024.0;
+        v.sparks = [
+            charts::sparkline(
+                &util,
+                100.0,
+                96,
+                18,
+                "spark-util",
+                &format!(
+                    "utilisation, last 24 h{}",
+                    last(&util)
+                        .map(|u| format!("; now {u:.0} %"))
+                        .unwrap_or_default()
+                ),
+            ),
+            charts::sparkline(
+                &temp,
+                100.0,
+                96,
+                18,
+                "spark-temp",
+                &format!(
+                    "temperature, last 24 h{}",
+                    last(&temp)
+                        .map(|t| format!("; now {t:.0} °C"))
+                        .unwrap_or_default()
+                ),
+            ),
+            charts::sparkline(
+                &mem,
+                total,
+                96,
+                18,
+                "spark-mem",
+                &format!(
+                    "memory used, last 24 h{}",
+                    last(&mem)
+                        .map(|m| format!("; now {m:.1} of {total:.0} GiB"))
+                        .unwrap_or_default()
+                ),
+            ),
+        ]
+        .join("");
+        let mine: Vec<_> = open
+            .iter()
+            .filter(|a| {
+                a.gpu_uuid.as_deref() == Some(v.gpu.uuid.as_str())
+                    && a.state == crate::domain::alerts::AlertState::Firing
+            })
+            .collect();
+        v.alerts_open = mine.len();
+        v.alert = mine
+            .iter()
+            .map(|a| match a.severity {
+                crate::domain::alerts::Severity::Critical
+                | crate::domain::alerts::Severity::High => "critical",
+                crate::domain::alerts::Severity::Warning => "warning",
+                crate::domain::alerts::Severity::Info => "info",
+            })
+            .min_by_key(|s| match *s {
+                "critical" => 0,
+                "warning" => 1,
+                _ => 2,
+            })
+            .unwrap_or("");
+    }
+    Ok(())
 }
 
 #[derive(Template, WebTemplate)]
@@ -244,13 +357,14 @@ pub async fn fleet(
 ) -> Result<Response, AppError> {
     let list = db::fleet::list(&state.pool).await?;
     let frag = fragmentation(&state.pool, &list).await?;
-    let gpus: Vec<GpuView> = list
+    let mut gpus: Vec<GpuView> = list
         .into_iter()
         .map(|g| {
             let f = frag.by_gpu.get(&g.id).copied().unwrap_or_default();
             view(g, f)
         })
         .collect();
+    watch_views(&state.pool, &mut gpus).await?;
     let ctx = PageCtx::new(&session, Some(&user)).await?;
     // htmx polls the table alone; a normal request gets the whole page.
     if headers.contains_key("hx-request") {

@@ -93,6 +93,8 @@ pub struct DashboardPage {
     bookings: Vec<db::bookings::Booking>,
     show_owner: bool,
     poll_url: String,
+    /// Open alerts on my bookings.
+    alerts: Vec<db::alerts::Alert>,
 }
 
 pub async fn dashboard(
@@ -110,8 +112,19 @@ pub async fn dashboard(
     }
     let bookings =
         db::bookings::list(&state.pool, db::bookings::Scope::User(user.user.id), 20).await?;
+    let alerts = db::alerts::list(
+        &state.pool,
+        &db::alerts::Filter {
+            states: Some(vec![crate::domain::alerts::AlertState::Firing]),
+            owner: Some(user.user.id),
+            limit: 20,
+            ..Default::default()
+        },
+    )
+    .await?;
     Ok(DashboardPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
+        alerts,
         tenants,
         bookings,
         show_owner: false,

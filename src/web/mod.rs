@@ -1,10 +1,12 @@
 //! The web application: routes, layers and shared state.
 
 pub mod admin;
+pub mod alerts;
 pub mod api;
 pub mod assets;
 pub mod auth;
 pub mod bookings;
+pub mod charts;
 pub mod csrf;
 pub mod error;
 pub mod fleet;
@@ -70,6 +72,10 @@ pub struct AppState {
     pub booking_settings: Arc<crate::booking::Settings>,
     /// The currency of tariffs and reports (ISO 4217 code).
     pub currency: Arc<str>,
+    /// The bearer token `/metrics` asks for; `None`: open.
+    pub metrics_token: Option<Arc<str>>,
+    /// Seconds between telemetry samples (how fresh a sample must be to count).
+    pub telemetry_interval_secs: u64,
 }
 
 impl AppState {
@@ -87,6 +93,8 @@ impl AppState {
             dummy_hash: dummy.into(),
             booking_settings: Arc::new(crate::booking::Settings::default()),
             currency: Arc::from("EUR"),
+            metrics_token: None,
+            telemetry_interval_secs: 10,
         })
     }
 }
@@ -142,6 +150,7 @@ pub fn router(state: AppState) -> Router {
         .merge(settings::routes())
         .merge(admin::routes())
         .merge(fleet::routes())
+        .merge(alerts::routes())
         .merge(ops::routes())
         .nest(api::BASE, api::routes())
         .fallback(not_found)

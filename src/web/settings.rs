@@ -1,4 +1,4 @@
-//! The user's own settings: API tokens.
+//! The user's own settings: API tokens and which notifications they get.
 
 use askama::Template;
 use askama_web::WebTemplate;
@@ -144,5 +144,75 @@ pub async fn revoke_token(
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/settings/tokens", get(tokens).post(create_token))
+        .route(
+            "/settings/notifications",
+            get(notifications).post(save_notifications),
+        )
         .route("/settings/tokens/{id}/revoke", post(revoke_token))
+}
+
+/// One choice on the notifications page.
+pub struct Choice {
+    pub topic: &'static str,
+    pub label: &'static str,
+    pub on: bool,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "notifications.html")]
+pub struct NotificationsPage {
+    ctx: PageCtx,
+    choices: Vec<Choice>,
+    is_admin: bool,
+}
+
+/// `GET /settings/notifications`: what I am told by e-mail.
+pub async fn notifications(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+) -> Result<NotificationsPage, AppError> {
+    let prefs = db::notify::prefs(&state.pool, user.user.id).await?;
+    let choices = db::notify::TOPICS
+        .iter()
+        .filter(|(t, _)| *t != "alert_critical" || user.is_admin())
+        .map(|(topic, label)| Choice {
+            topic,
+            label,
+            on: prefs.iter().any(|(t, on)| t == topic && *on),
+        })
+        .collect();
+    Ok(NotificationsPage {
+        ctx: PageCtx::new(&session, Some(&user)).await?,
+        choices,
+        is_admin: user.is_admin(),
+    })
+}
+
+/// Saves the ticked topics (unticked ones are off).
+pub async fn save_notifications(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Form(fields): Form<Vec<(String, String)>>,
+) -> Result<Response, AppError> {
+    let mut on = Vec::new();
+    for (k, _) in fields.iter().filter(|(k, _)| k != "csrf_token") {
+        let Some(topic) = k.strip_prefix("topic_") else {
+            return Err(AppError::BadRequest(format!("unknown field \"{k}\"")));
+        };
+        if !db::notify::TOPICS.iter().any(|(t, _)| *t == topic) {
+            return Err(AppError::BadRequest(format!(
+                "unknown notification \"{topic}\""
+            )));
+        }
+        on.push(topic.to_string());
+    }
+    if !user.is_admin() {
+        // Not offered to others; kept on so a later promotion starts on.
+        on.push("alert_critical".into());
+    }
+    db::notify::set_prefs(&state.pool, user.user.id, &on).await?;
+    flash(&session, "Notification choices saved.").await?;
+    Ok(Redirect::to("/settings/notifications").into_response())
 }

@@ -288,18 +288,22 @@ impl Meter {
         for chunk in rows.chunks(5_000) {
             db::usage::record(&mut tx, chunk).await?;
         }
-        if self.warned_full {
-            db::usage::alert(
-                &mut *tx,
-                "warning",
-                &format!("meter:{}", self.node),
-                &format!(
-                    "the usage spool of {} passed 80 % of its {} rows while PostgreSQL was unreachable",
-                    self.node, self.settings.spool_max_rows
-                ),
-            )
-            .await?;
-        }
+        // The spool's peak, as a share of its room, against the rule.
+        let pct = rows.len() as f64 * 100.0 / self.settings.spool_max_rows.max(1) as f64;
+        crate::watch::raise_past(
+            &mut tx,
+            "metering_spool_full",
+            &crate::domain::alerts::Subject {
+                node: Some(self.node.clone()),
+                ..Default::default()
+            },
+            pct,
+            &format!(
+                "the usage spool of {} reached {pct:.0} % of its {} rows while PostgreSQL was unreachable",
+                self.node, self.settings.spool_max_rows
+            ),
+        )
+        .await?;
         tx.commit().await?;
         std::fs::remove_file(&self.spool)?;
         self.spool_rows = 0;

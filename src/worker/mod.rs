@@ -4,6 +4,7 @@
 
 pub mod bookings;
 pub mod meter;
+pub mod telemetry;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -154,7 +154,26 @@ pub async fn mark_warned(
     )
     .execute(&mut **tx)
     .await?;
-    note(&mut **tx, id, actor, Status::Active, reason).await
+    note(&mut **tx, id, actor, Status::Active, reason).await?;
+    let owner = sqlx::query_scalar!("SELECT user_id FROM bookings WHERE id = $1", id)
+        .fetch_one(&mut **tx)
+        .await?;
+    let subject = format!("gpuslice: booking #{id} {reason}");
+    crate::db::notify::email_user(
+        tx,
+        owner,
+        &crate::db::notify::Message {
+            topic: "booking_ending",
+            subject: &subject,
+            body: &format!(
+                "Your booking #{id} {reason}.\nExtend it on its page if you need more time.\n"
+            ),
+            alert_id: None,
+            booking_id: Some(id),
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 /// A MIG booking that should have (or is getting) an instance.

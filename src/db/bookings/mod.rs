@@ -323,6 +323,8 @@ pub async fn transition(
             reason.unwrap_or(""),
         )
         .await?;
+        // The owner's notice is queued with the change itself (outbox).
+        crate::db::notify::booking_moved(tx, id, t.to(), t.from(), reason).await?;
     }
     Ok(moved)
 }

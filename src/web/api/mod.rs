@@ -7,6 +7,7 @@
 //! (see `error.rs`).
 
 mod account;
+mod alerts;
 mod bookings;
 mod usage;
 pub mod views;
@@ -36,6 +37,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(bookings::release))
         .routes(routes!(bookings::extend))
         .routes(routes!(usage::usage))
+        .routes(routes!(alerts::alerts))
 }
 
 /// The API router, to be nested at [`BASE`], with its OpenAPI document

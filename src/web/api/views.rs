@@ -224,3 +224,37 @@ pub struct UsageReport {
     pub currency: String,
     pub usage: Vec<UsageRow>,
 }
+
+/// An alert.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AlertView {
+    pub id: i64,
+    pub rule: String,
+    pub severity: crate::domain::alerts::Severity,
+    pub state: crate::domain::alerts::AlertState,
+    pub subject: crate::domain::alerts::Subject,
+    pub value: Option<f64>,
+    pub message: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339, once resolved.
+    pub resolved_at: Option<String>,
+    pub acknowledged: bool,
+}
+
+impl From<crate::db::alerts::Alert> for AlertView {
+    fn from(a: crate::db::alerts::Alert) -> Self {
+        AlertView {
+            subject: a.subject(),
+            id: a.id,
+            rule: a.rule,
+            severity: a.severity,
+            state: a.state,
+            value: a.value,
+            message: a.message,
+            started_at: rfc3339(a.started_at),
+            resolved_at: a.resolved_at.map(rfc3339),
+            acknowledged: a.acked_at.is_some(),
+        }
+    }
+}

@@ -12,9 +12,16 @@
 //! its state in that file across processes, like real GPUs keep their
 //! instances when a program exits.
 //!
-//! Two extra symbols let tests play the world outside NVML:
-//! `gpusliceStandinAttachProcess` (a process starts on a device) and
-//! `gpusliceStandinReset` (a GPU reset applies a pending MIG mode).
+//! Telemetry follows the simulated backend's load model
+//! (`gpuslice::gpu::sim::model_telemetry`) and the same staged values
+//! (`gpuslice::gpu::sim::Staged`), so both backends report alike; XID and
+//! double-bit ECC errors arrive through NVML's event-set calls.
+//!
+//! Extra symbols let tests play the world outside NVML:
+//! `gpusliceStandinAttachProcess` (a process starts on a device),
+//! `gpusliceStandinReset` (a GPU reset applies a pending MIG mode),
+//! `gpusliceStandinStage` (what `gpuslice sim set` stages, as JSON) and
+//! `gpusliceStandinEvent` (the driver reports an event).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_uint, c_ulonglong, CStr};
@@ -33,6 +40,8 @@ const NOT_SUPPORTED: Ret = 3;
 const NOT_FOUND: Ret = 6;
 const INSUFFICIENT_SIZE: Ret = 7;
 const IN_USE: Ret = 19;
+const TIMEOUT: Ret = 10;
+const GPU_IS_LOST: Ret = 15;
 const INSUFFICIENT_RESOURCES: Ret = 23;
 const UNKNOWN: Ret = 999;
 
@@ -67,6 +76,11 @@ struct Gpu {
     gis: Vec<Gi>,
     next_gi: u32,
     processes: Vec<Proc>,
+    #[serde(default)]
+    staged: gpuslice::gpu::sim::Staged,
+    /// Undelivered events: (NVML event type, event data).
+    #[serde(default)]
+    events: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -101,6 +115,8 @@ fn load() -> Result<State, String> {
                 gis: Vec::new(),
                 next_gi: 1,
                 processes: Vec::new(),
+                staged: Default::default(),
+                events: Vec::new(),
             });
         }
     }
@@ -427,19 +443,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let Some((g, gi, ci)) = gpu_of(s, device, t) else {
             return INVALID_ARGUMENT;
         };
+        if g.staged.lost {
+            return GPU_IS_LOST;
+        }
         let m = model(g);
+        let staged_used = g.staged.memory_used_mib;
         let (total_gib, used_mib) = match t {
             TAG_GPU => (
                 m.memory_gib,
-                g.processes
-                    .iter()
-                    .chain(
-                        g.gis
-                            .iter()
-                            .flat_map(|x| x.cis.iter().flat_map(|c| c.processes.iter())),
-                    )
-                    .map(|p| p.mib)
-                    .sum::<u64>(),
+                staged_used.unwrap_or_else(|| {
+                    g.processes
+                        .iter()
+                        .chain(
+                            g.gis
+                                .iter()
+                                .flat_map(|x| x.cis.iter().flat_map(|c| c.processes.iter())),
+                        )
+                        .map(|p| p.mib)
+                        .sum::<u64>()
+                }),
             ),
             TAG_MIG => {
                 let Some(x) = g.gis.iter().find(|x| x.id == gi) else {
@@ -1153,18 +1175,71 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 
 // -------------------------------------------------------------- telemetry
 
+/// What a GPU reports now: the load model over its live processes, with
+/// the staged values on top.
+fn telemetry(g: &Gpu) -> gpuslice::gpu::Telemetry {
+    use gpuslice::gpu::sim::{model_telemetry, Load};
+    let m = model(g);
+    let total = (m.memory_gib * 1024.0) as u64;
+    let live = |ps: &[Proc]| ps.iter().filter(|p| process_alive(p.pid)).count();
+    let loads: Vec<Load> = if g.mig_current {
+        g.gis
+            .iter()
+            .flat_map(|x| {
+                let p = m.profile_by_id(x.profile_id);
+                x.cis.iter().map(move |c| Load {
+                    device_uuid: &c.uuid,
+                    compute_fraction: p.map(|p| f64::from(p.compute_slices)).unwrap_or(1.0)
+                        / f64::from(m.compute_slices.max(1)),
+                    memory_total_mib: p.map(|p| (p.memory_gib * 1024.0) as u64).unwrap_or(0),
+                    memory_used_mib: c.processes.iter().map(|p| p.mib).sum(),
+                    processes: live(&c.processes),
+                })
+            })
+            .collect()
+    } else {
+        vec![Load {
+            device_uuid: &g.uuid,
+            compute_fraction: 1.0,
+            memory_total_mib: total,
+            memory_used_mib: g.processes.iter().map(|p| p.mib).sum(),
+            processes: live(&g.processes),
+        }]
+    };
+    let mut t = model_telemetry(&g.model, g.mig_current, total, &loads);
+    g.staged.apply(&mut t);
+    t
+}
+
+/// Runs `f` on the telemetry of a (not lost) GPU handle.
+unsafe fn read_telemetry(
+    device: *mut std::ffi::c_void,
+    f: impl FnOnce(&Gpu, gpuslice::gpu::Telemetry) -> Ret,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return NOT_SUPPORTED;
+        };
+        if g.staged.lost {
+            return GPU_IS_LOST;
+        }
+        let t = telemetry(g);
+        f(g, t)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     device: *mut std::ffi::c_void,
     _sensor: c_uint,
     temp: *mut c_uint,
 ) -> Ret {
-    with(|s| {
-        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
-            return NOT_SUPPORTED;
-        };
-        *temp = 34 + 6 * g.gis.len() as c_uint;
-        SUCCESS
+    read_telemetry(device, |_, t| match t.temperature_c {
+        Some(v) => {
+            *temp = v;
+            SUCCESS
+        }
+        None => NOT_SUPPORTED,
     })
 }
 
@@ -1173,12 +1248,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: *mut std::ffi::c_void,
     milliwatts: *mut c_uint,
 ) -> Ret {
-    with(|s| {
-        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
-            return NOT_SUPPORTED;
-        };
-        *milliwatts = 60_000 + 90_000 * g.gis.len() as c_uint;
-        SUCCESS
+    read_telemetry(device, |_, t| match t.power_w {
+        Some(v) => {
+            *milliwatts = (v * 1000.0) as c_uint;
+            SUCCESS
+        }
+        None => NOT_SUPPORTED,
     })
 }
 
@@ -1188,26 +1263,156 @@ pub struct Utilization {
     memory: c_uint,
 }
 
-/// Not supported on MIG-enabled GPUs and MIG devices, as on real hardware.
+/// Not supported on MIG-enabled GPUs and MIG devices, as on real hardware
+/// (unless a test staged a value).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: *mut std::ffi::c_void,
     util: *mut Utilization,
 ) -> Ret {
-    with(|s| {
-        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
-            return NOT_SUPPORTED;
-        };
-        if g.mig_current {
-            return NOT_SUPPORTED;
+    read_telemetry(device, |_, t| match t.utilization_pct {
+        Some(v) => {
+            *util = Utilization {
+                gpu: v,
+                memory: v / 3,
+            };
+            SUCCESS
         }
-        let busy = g.processes.iter().filter(|p| process_alive(p.pid)).count() as c_uint;
-        *util = Utilization {
-            gpu: (busy * 35).min(100),
-            memory: (busy * 10).min(100),
+        None => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlDeviceGetTotalEccErrors`: uncorrected volatile errors as staged.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: *mut std::ffi::c_void,
+    error_type: c_uint,
+    _counter_type: c_uint,
+    count: *mut c_ulonglong,
+) -> Ret {
+    read_telemetry(device, |_, t| {
+        // NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1.
+        *count = if error_type == 1 {
+            t.ecc_uncorrectable.unwrap_or(0)
+        } else {
+            0
         };
         SUCCESS
     })
+}
+
+/// `nvmlDeviceGetClockInfo`: graphics/SM (0, 1) and memory (2) clocks.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: *mut std::ffi::c_void,
+    clock: c_uint,
+    mhz: *mut c_uint,
+) -> Ret {
+    read_telemetry(device, |_, t| {
+        let v = match clock {
+            0 | 1 => t.sm_clock_mhz,
+            2 => t.mem_clock_mhz,
+            _ => None,
+        };
+        match v {
+            Some(v) => {
+                *mhz = v;
+                SUCCESS
+            }
+            None => NOT_SUPPORTED,
+        }
+    })
+}
+
+// ------------------------------------------------------------------ events
+// One event set per process is enough for gpuslice; its handle is a tag.
+
+const EVENT_SET: usize = 0x5e7;
+
+#[repr(C)]
+pub struct EventData {
+    device: *mut std::ffi::c_void,
+    event_type: c_ulonglong,
+    event_data: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut std::ffi::c_void) -> Ret {
+    if set.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    *set = EVENT_SET as *mut std::ffi::c_void;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: *mut std::ffi::c_void,
+    _types: c_ulonglong,
+    set: *mut std::ffi::c_void,
+) -> Ret {
+    if set as usize != EVENT_SET {
+        return INVALID_ARGUMENT;
+    }
+    with(|s| match gpu_of(s, device, TAG_GPU) {
+        Some(_) => SUCCESS,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: *mut std::ffi::c_void) -> Ret {
+    if set as usize == EVENT_SET {
+        SUCCESS
+    } else {
+        INVALID_ARGUMENT
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: *mut std::ffi::c_void,
+    data: *mut EventData,
+    timeout_ms: c_uint,
+) -> Ret {
+    if set as usize != EVENT_SET || data.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        let got = {
+            let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(s) = guard.as_mut() else {
+                return UNINITIALIZED;
+            };
+            let found = s
+                .gpus
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, g)| (!g.events.is_empty()).then(|| (i, g.events.remove(0))));
+            if found.is_some() {
+                save(s);
+            }
+            found
+        };
+        if let Some((i, (kind, code))) = got {
+            *data = EventData {
+                device: handle(TAG_GPU, i, 0, 0),
+                event_type: kind,
+                event_data: code,
+                gpu_instance_id: 0xFFFF_FFFF,
+                compute_instance_id: 0xFFFF_FFFF,
+            };
+            return SUCCESS;
+        }
+        if std::time::Instant::now() >= deadline {
+            return TIMEOUT;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 // ------------------------------------------------- the world outside NVML
@@ -1249,6 +1454,43 @@ pub unsafe extern "C" fn gpusliceStandinReset(device: *mut std::ffi::c_void) -> 
         g.mig_current = g.mig_pending;
         g.gis.clear();
         g.processes.clear();
+        SUCCESS
+    })
+}
+
+/// Test hook: stage what a GPU reports (`gpuslice::gpu::sim::Staged` as
+/// JSON), as `gpuslice sim set` does for the simulated backend.
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinStage(
+    device: *mut std::ffi::c_void,
+    json: *const c_char,
+) -> Ret {
+    let Ok(staged) =
+        serde_json::from_str::<gpuslice::gpu::sim::Staged>(&CStr::from_ptr(json).to_string_lossy())
+    else {
+        return INVALID_ARGUMENT;
+    };
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        g.staged = staged;
+        SUCCESS
+    })
+}
+
+/// Test hook: the driver reports an event (NVML event type and data).
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinEvent(
+    device: *mut std::ffi::c_void,
+    kind: c_ulonglong,
+    code: c_ulonglong,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        g.events.push((kind, code));
         SUCCESS
     })
 }

@@ -1,0 +1,471 @@
+//! Telemetry: raw samples, their 5-minute rollups, driver events, and the
+//! series the pages draw.
+
+use sqlx::{PgExecutor, PgPool};
+use time::OffsetDateTime;
+
+use crate::gpu::Telemetry;
+
+/// The bucket of the rollups.
+pub const BUCKET_SECS: i64 = 300;
+
+/// One GPU's sample: `None` when the GPU did not answer (lost).
+pub struct GpuSample<'a> {
+    pub gpu_id: i64,
+    pub telemetry: Option<&'a Telemetry>,
+}
+
+/// One booking's sample.
+pub struct BookingSample {
+    pub booking_id: i64,
+    pub gpu_id: i64,
+    pub memory_used_mib: i64,
+    pub memory_limit_mib: i64,
+    pub utilization_pct: Option<f32>,
+}
+
+/// Records one round of samples, all at the database's `now()`, in one
+/// statement per table.
+pub async fn record(
+    db: &PgPool,
+    gpus: &[GpuSample<'_>],
+    bookings: &[BookingSample],
+) -> sqlx::Result<()> {
+    let mut tx = db.begin().await?;
+    let col = |f: &dyn Fn(&Telemetry) -> Option<f64>| -> Vec<Option<f64>> {
+        gpus.iter().map(|g| g.telemetry.and_then(f)).collect()
+    };
+    let ids: Vec<i64> = gpus.iter().map(|g| g.gpu_id).collect();
+    let lost: Vec<bool> = gpus.iter().map(|g| g.telemetry.is_none()).collect();
+    let util = col(&|t| t.utilization_pct.map(f64::from));
+    let used = col(&|t| Some(t.memory_used_mib as f64));
+    let total = col(&|t| Some(t.memory_total_mib as f64));
+    let temp = col(&|t| t.temperature_c.map(f64::from));
+    let power = col(&|t| t.power_w);
+    let ecc = col(&|t| t.ecc_uncorrectable.map(|v| v as f64));
+    let sm = col(&|t| t.sm_clock_mhz.map(f64::from));
+    let mem = col(&|t| t.mem_clock_mhz.map(f64::from));
+    sqlx::query!(
+        "INSERT INTO gpu_samples (gpu_id, at, lost, utilization_pct, memory_used_mib, memory_total_mib,
+                                  temperature_c, power_w, ecc_uncorrectable, sm_clock_mhz, mem_clock_mhz)
+         SELECT id, now(), lost, util::real, used::bigint, total::bigint, temp::real, power::real,
+                ecc::bigint, sm::integer, mem::integer
+         FROM unnest($1::bigint[], $2::bool[], $3::float8[], $4::float8[], $5::float8[], $6::float8[],
+                     $7::float8[], $8::float8[], $9::float8[], $10::float8[])
+              AS u (id, lost, util, used, total, temp, power, ecc, sm, mem)
+         ON CONFLICT DO NOTHING",
+        &ids,
+        &lost,
+        &util as &[Option<f64>],
+        &used as &[Option<f64>],
+        &total as &[Option<f64>],
+        &temp as &[Option<f64>],
+        &power as &[Option<f64>],
+        &ecc as &[Option<f64>],
+        &sm as &[Option<f64>],
+        &mem as &[Option<f64>],
+    )
+    .execute(&mut *tx)
+    .await?;
+    if !bookings.is_empty() {
+        let b: Vec<i64> = bookings.iter().map(|s| s.booking_id).collect();
+        let g: Vec<i64> = bookings.iter().map(|s| s.gpu_id).collect();
+        let u: Vec<i64> = bookings.iter().map(|s| s.memory_used_mib).collect();
+        let l: Vec<i64> = bookings.iter().map(|s| s.memory_limit_mib).collect();
+        let p: Vec<Option<f32>> = bookings.iter().map(|s| s.utilization_pct).collect();
+        sqlx::query!(
+            "INSERT INTO instance_samples (booking_id, at, gpu_id, memory_used_mib, memory_limit_mib, utilization_pct)
+             SELECT b, now(), g, u, l, p
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::real[]) AS x (b, g, u, l, p)
+             ON CONFLICT DO NOTHING",
+            &b,
+            &g,
+            &u,
+            &l,
+            &p as &[Option<f32>]
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// A GPU of a node, as the telemetry task samples it.
+pub struct NodeGpu {
+    pub id: i64,
+    pub uuid: String,
+}
+
+pub async fn node_gpus(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<NodeGpu>> {
+    sqlx::query_as!(
+        NodeGpu,
+        "SELECT g.id, g.uuid FROM gpus g JOIN nodes n ON n.id = g.node_id
+         WHERE n.name = $1 ORDER BY g.idx",
+        node
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// A booking holding a device on a node now.
+pub struct Held {
+    pub id: i64,
+    pub gpu_id: i64,
+    pub gpu_uuid: String,
+    pub device_uuid: String,
+    pub memory_gib: i32,
+}
+
+/// Active bookings with a device on `node`.
+pub async fn held_on(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<Held>> {
+    sqlx::query_as!(
+        Held,
+        r#"SELECT b.id, g.id AS gpu_id, g.uuid AS gpu_uuid, b.device_uuid AS "device_uuid!", b.memory_gib
+           FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
+           WHERE n.name = $1 AND b.status = 'active' AND b.device_uuid IS NOT NULL"#,
+        node
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Records driver events by GPU uuid; events of unknown GPUs are dropped.
+pub async fn record_events(
+    db: impl PgExecutor<'_>,
+    events: &[crate::gpu::GpuEvent],
+) -> sqlx::Result<u64> {
+    let uuids: Vec<String> = events.iter().map(|e| e.gpu_uuid.clone()).collect();
+    let kinds: Vec<String> = events.iter().map(|e| e.kind.as_str().to_string()).collect();
+    let codes: Vec<i64> = events.iter().map(|e| e.code as i64).collect();
+    let r = sqlx::query!(
+        "INSERT INTO gpu_events (gpu_id, kind, code)
+         SELECT g.id, e.kind, e.code
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS e (uuid, kind, code)
+         JOIN gpus g ON g.uuid = e.uuid",
+        &uuids,
+        &kinds,
+        &codes
+    )
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// What the retention keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub raw_hours: i64,
+    pub rollup_days: i64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            raw_hours: 48,
+            rollup_days: 90,
+        }
+    }
+}
+
+/// What one rollup run did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rolled {
+    pub gpu_buckets: u64,
+    pub booking_buckets: u64,
+    pub deleted: u64,
+}
+
+/// Rolls the samples of complete 5-minute buckets (a minute's margin for
+/// late commits) that arrived since the last run into means and maxima,
+/// then deletes what the retention no longer keeps. Each run reads only
+/// the new samples, so its cost does not grow with history.
+pub async fn rollup(db: &PgPool, keep: Retention) -> sqlx::Result<Rolled> {
+    let mut tx = db.begin().await?;
+    // One roller at a time (several processes may run the watcher).
+    sqlx::query!("SELECT pg_advisory_xact_lock(7715001)")
+        .execute(&mut *tx)
+        .await?;
+    let upto: OffsetDateTime = sqlx::query_scalar!(
+        r#"SELECT date_bin('5 minutes', now() - interval '1 minute', TIMESTAMPTZ '2000-01-01') AS "t!""#
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let from = |name: &'static str| {
+        sqlx::query_scalar!(
+            r#"SELECT COALESCE((SELECT done_until FROM rollup_marks WHERE name = $1),
+                               now() - make_interval(hours => $2::int)) AS "t!""#,
+            name,
+            keep.raw_hours as i32
+        )
+    };
+    let gpu_from: OffsetDateTime = from("gpu").fetch_one(&mut *tx).await?;
+    let gpu = sqlx::query!(
+        "INSERT INTO gpu_rollups (gpu_id, bucket, samples, lost_samples, utilization_avg, utilization_max,
+                                  temperature_avg, temperature_max, memory_used_avg, memory_used_max, power_avg)
+         SELECT gpu_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), count(*), count(*) FILTER (WHERE lost),
+                avg(utilization_pct), max(utilization_pct), avg(temperature_c), max(temperature_c),
+                avg(memory_used_mib), max(memory_used_mib), avg(power_w)
+         FROM gpu_samples WHERE at >= $1 AND at < $2
+         GROUP BY 1, 2
+         ON CONFLICT (gpu_id, bucket) DO NOTHING",
+        gpu_from,
+        upto
+    )
+    .execute(&mut *tx)
+    .await?;
+    let booking_from: OffsetDateTime = from("instance").fetch_one(&mut *tx).await?;
+    let booking = sqlx::query!(
+        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_avg, memory_used_max,
+                                       memory_limit_mib, utilization_avg)
+         SELECT booking_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), count(*),
+                avg(memory_used_mib), max(memory_used_mib), max(memory_limit_mib), avg(utilization_pct)
+         FROM instance_samples WHERE at >= $1 AND at < $2
+         GROUP BY 1, 2
+         ON CONFLICT (booking_id, bucket) DO NOTHING",
+        booking_from,
+        upto
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "INSERT INTO rollup_marks (name, done_until) VALUES ('gpu', $1), ('instance', $1)
+         ON CONFLICT (name) DO UPDATE SET done_until = GREATEST(rollup_marks.done_until, EXCLUDED.done_until)",
+        upto
+    )
+    .execute(&mut *tx)
+    .await?;
+    let raw = keep.raw_hours as i32;
+    let days = keep.rollup_days as i32;
+    let mut deleted = 0;
+    deleted += sqlx::query!(
+        "DELETE FROM gpu_samples WHERE at < now() - make_interval(hours => $1)",
+        raw
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    deleted += sqlx::query!(
+        "DELETE FROM instance_samples WHERE at < now() - make_interval(hours => $1)",
+        raw
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    deleted += sqlx::query!(
+        "DELETE FROM gpu_rollups WHERE bucket < now() - make_interval(days => $1)",
+        days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    deleted += sqlx::query!(
+        "DELETE FROM instance_rollups WHERE bucket < now() - make_interval(days => $1)",
+        days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    deleted += sqlx::query!(
+        "DELETE FROM gpu_events WHERE at < now() - make_interval(days => $1)",
+        days
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    // Notifications are kept for a month (sent or not).
+    deleted +=
+        sqlx::query!("DELETE FROM notifications WHERE created_at < now() - interval '30 days'")
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    tx.commit().await?;
+    Ok(Rolled {
+        gpu_buckets: gpu.rows_affected(),
+        booking_buckets: booking.rows_affected(),
+        deleted,
+    })
+}
+
+/// One point of a GPU's history.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuPoint {
+    pub gpu_id: i64,
+    pub at: OffsetDateTime,
+    pub utilization: Option<f64>,
+    pub temperature: Option<f64>,
+    pub memory_used_mib: Option<f64>,
+    pub lost: bool,
+}
+
+/// The history of GPUs since `since` in 5-minute points: the rollups, and
+/// the samples not yet rolled up averaged the same way.
+pub async fn gpu_history(
+    db: impl PgExecutor<'_>,
+    gpu_ids: &[i64],
+    since: OffsetDateTime,
+) -> sqlx::Result<Vec<GpuPoint>> {
+    sqlx::query_as!(
+        GpuPoint,
+        r#"WITH mark AS (SELECT COALESCE((SELECT done_until FROM rollup_marks WHERE name = 'gpu'),
+                                        TIMESTAMPTZ '-infinity') AS t)
+           SELECT gpu_id AS "gpu_id!", bucket AS "at!", utilization_avg::float8 AS utilization,
+                  temperature_avg::float8 AS temperature, memory_used_avg::float8 AS memory_used_mib,
+                  lost_samples = samples AS "lost!"
+           FROM gpu_rollups, mark WHERE gpu_id = ANY($1) AND bucket >= $2 AND bucket < mark.t
+           UNION ALL
+           SELECT gpu_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), avg(utilization_pct)::float8,
+                  avg(temperature_c)::float8, avg(memory_used_mib)::float8, bool_and(lost)
+           FROM gpu_samples, mark WHERE gpu_id = ANY($1) AND at >= GREATEST($2, mark.t)
+           GROUP BY 1, 2
+           ORDER BY 1, 2"#,
+        gpu_ids,
+        since
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// One point of a booking's history.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BookingPoint {
+    pub at: OffsetDateTime,
+    pub memory_used_mib: f64,
+    pub memory_limit_mib: i64,
+    pub utilization: Option<f64>,
+}
+
+/// A booking's memory and utilisation since it started: raw samples while
+/// they are kept, 5-minute means before.
+pub async fn booking_history(
+    db: impl PgExecutor<'_>,
+    booking_id: i64,
+) -> sqlx::Result<Vec<BookingPoint>> {
+    sqlx::query_as!(
+        BookingPoint,
+        r#"SELECT bucket AS "at!", memory_used_avg::float8 AS "memory_used_mib!", memory_limit_mib AS "memory_limit_mib!",
+                  utilization_avg::float8 AS utilization
+           FROM instance_rollups
+           WHERE booking_id = $1 AND bucket < (SELECT COALESCE(min(at), 'infinity') FROM instance_samples WHERE booking_id = $1)
+           UNION ALL
+           SELECT at, memory_used_mib::float8, memory_limit_mib, utilization_pct::float8
+           FROM instance_samples WHERE booking_id = $1
+           ORDER BY 1"#,
+        booking_id
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The latest sample of every GPU, with where it is.
+#[derive(Debug, Clone)]
+pub struct Latest {
+    pub gpu_id: i64,
+    pub node: String,
+    pub idx: i32,
+    pub uuid: String,
+    pub model: String,
+    pub at: OffsetDateTime,
+    pub lost: bool,
+    pub utilization_pct: Option<f32>,
+    pub memory_used_mib: Option<i64>,
+    pub memory_total_mib: Option<i64>,
+    pub temperature_c: Option<f32>,
+    pub power_w: Option<f32>,
+    pub ecc_uncorrectable: Option<i64>,
+    pub sm_clock_mhz: Option<i32>,
+    pub mem_clock_mhz: Option<i32>,
+    pub last_xid: Option<i64>,
+}
+
+/// The latest sample of each GPU taken within `fresh_secs`.
+pub async fn latest(db: impl PgExecutor<'_>, fresh_secs: f64) -> sqlx::Result<Vec<Latest>> {
+    sqlx::query_as!(
+        Latest,
+        r#"SELECT g.id AS gpu_id, n.name AS node, g.idx, g.uuid, g.model, s.at, s.lost, s.utilization_pct,
+                  s.memory_used_mib, s.memory_total_mib, s.temperature_c, s.power_w, s.ecc_uncorrectable,
+                  s.sm_clock_mhz, s.mem_clock_mhz,
+                  (SELECT code FROM gpu_events e WHERE e.gpu_id = g.id AND e.kind = 'xid'
+                   ORDER BY at DESC LIMIT 1) AS last_xid
+           FROM gpus g JOIN nodes n ON n.id = g.node_id
+           CROSS JOIN LATERAL (SELECT * FROM gpu_samples s WHERE s.gpu_id = g.id
+                               AND s.at > now() - make_interval(secs => $1)
+                               ORDER BY s.at DESC LIMIT 1) s
+           ORDER BY n.name, g.idx"#,
+        fresh_secs
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The latest sample of each active booking within `fresh_secs`, with
+/// its owner and tenant.
+#[derive(Debug, Clone)]
+pub struct LatestBooking {
+    pub booking_id: i64,
+    pub gpu_id: i64,
+    pub node: String,
+    pub idx: i32,
+    pub gpu_uuid: String,
+    pub model: String,
+    pub device_uuid: Option<String>,
+    pub profile: Option<String>,
+    pub gi_placement: Option<i32>,
+    pub tenant: String,
+    pub memory_used_mib: i64,
+    pub memory_limit_mib: i64,
+    pub utilization_pct: Option<f32>,
+}
+
+pub async fn latest_bookings(
+    db: impl PgExecutor<'_>,
+    fresh_secs: f64,
+) -> sqlx::Result<Vec<LatestBooking>> {
+    sqlx::query_as!(
+        LatestBooking,
+        r#"SELECT b.id AS booking_id, g.id AS gpu_id, n.name AS node, g.idx, g.uuid AS gpu_uuid, g.model,
+                  b.device_uuid, b.profile, lower(b.slices) AS gi_placement, t.slug AS tenant,
+                  s.memory_used_mib, s.memory_limit_mib, s.utilization_pct
+           FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
+           JOIN tenants t ON t.id = b.tenant_id
+           CROSS JOIN LATERAL (SELECT * FROM instance_samples s WHERE s.booking_id = b.id
+                               AND s.at > now() - make_interval(secs => $1)
+                               ORDER BY s.at DESC LIMIT 1) s
+           WHERE b.status = 'active'
+           ORDER BY b.id"#,
+        fresh_secs
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Recent driver events of a GPU.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub at: OffsetDateTime,
+    pub kind: String,
+    pub code: i64,
+}
+
+pub async fn events(db: impl PgExecutor<'_>, gpu_id: i64, limit: i64) -> sqlx::Result<Vec<Event>> {
+    sqlx::query_as!(
+        Event,
+        "SELECT at, kind, code FROM gpu_events WHERE gpu_id = $1 ORDER BY at DESC LIMIT $2",
+        gpu_id,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// XID events per GPU within the last `secs`: (gpu id, count, last code).
+pub async fn xid_counts(db: impl PgExecutor<'_>, secs: f64) -> sqlx::Result<Vec<(i64, i64, i64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT gpu_id, count(*) AS "n!", (array_agg(code ORDER BY at DESC))[1] AS "last!"
+           FROM gpu_events WHERE kind = 'xid' AND at > now() - make_interval(secs => $1)
+           GROUP BY gpu_id"#,
+        secs
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.gpu_id, r.n, r.last)).collect())
+}

@@ -1,0 +1,424 @@
+//! Watching the fleet: the alert rules evaluated over the latest
+//! telemetry, the rollups and retention of the samples, and (in
+//! [`notifier`]) the sending of notifications.
+//!
+//! The watcher runs in every process that serves or drives GPUs; one
+//! evaluation at a time holds an advisory lock, so several processes
+//! neither double alerts (the unique index would refuse them anyway)
+//! nor race on the same alert. A node that stops reporting cannot raise
+//! its own alert, which is why this runs beside the web application too.
+
+pub mod notifier;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres, Transaction};
+use time::OffsetDateTime;
+
+use crate::db;
+use crate::db::notify::Message;
+use crate::domain::alerts::{evaluate, Change, Observation, Rule, Severity, Subject};
+
+/// How the watcher runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often rules are evaluated (the telemetry interval).
+    pub every: Duration,
+    /// How often rollups and retention run.
+    pub rollup_every: Duration,
+    pub retention: db::telemetry::Retention,
+}
+
+impl Settings {
+    pub fn new(telemetry_interval_secs: u64) -> Settings {
+        Settings {
+            every: Duration::from_secs(telemetry_interval_secs.max(1)),
+            rollup_every: Duration::from_secs(60),
+            retention: db::telemetry::Retention::default(),
+        }
+    }
+}
+
+/// Evaluates the rules every `settings.every` and rolls samples up every
+/// `settings.rollup_every`, until the task is dropped.
+pub async fn run(pool: PgPool, settings: Settings) {
+    let mut tick = tokio::time::interval(settings.every);
+    let mut last_rollup = std::time::Instant::now() - settings.rollup_every;
+    loop {
+        tick.tick().await;
+        if let Err(e) = evaluate_all(&pool, settings.every.as_secs_f64()).await {
+            tracing::warn!(error = format!("{e:#}"), "alert evaluation failed");
+        }
+        if last_rollup.elapsed() >= settings.rollup_every {
+            last_rollup = std::time::Instant::now();
+            match db::telemetry::rollup(&pool, settings.retention).await {
+                Ok(r) if r.deleted > 0 || r.gpu_buckets > 0 => {
+                    tracing::debug!(
+                        gpu_buckets = r.gpu_buckets,
+                        booking_buckets = r.booking_buckets,
+                        deleted = r.deleted,
+                        "telemetry rolled up"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "telemetry rollup failed"),
+            }
+        }
+    }
+}
+
+fn gpu_subject(node: &str, uuid: &str) -> Subject {
+    Subject {
+        node: Some(node.to_string()),
+        gpu_uuid: Some(uuid.to_string()),
+        booking_id: None,
+    }
+}
+
+/// What each rule sees now. `fresh_secs` is the sampling interval: a
+/// sample older than three of them says nothing about now.
+async fn observe(
+    tx: &mut Transaction<'_, Postgres>,
+    rules: &[Rule],
+    fresh_secs: f64,
+) -> anyhow::Result<HashMap<String, Vec<Observation>>> {
+    let fresh = (fresh_secs * 3.0).max(5.0);
+    let latest = db::telemetry::latest(&mut **tx, fresh).await?;
+    let mut out: HashMap<String, Vec<Observation>> = HashMap::new();
+    let threshold = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| (r.threshold, r.for_secs))
+    };
+    let gpu_name = |l: &db::telemetry::Latest| format!("{} GPU {} ({})", l.node, l.idx, l.model);
+    if let Some((t, _)) = threshold("gpu_temperature_high") {
+        out.insert(
+            "gpu_temperature_high".into(),
+            latest
+                .iter()
+                .filter_map(|l| {
+                    let v = f64::from(l.temperature_c?);
+                    Some(Observation {
+                        subject: gpu_subject(&l.node, &l.uuid),
+                        value: v,
+                        breach: v > t,
+                        message: format!("{} is at {v:.0} °C (above {t:.0} °C)", gpu_name(l)),
+                    })
+                })
+                .collect(),
+        );
+    }
+    if let Some((t, _)) = threshold("gpu_utilization_high") {
+        out.insert(
+            "gpu_utilization_high".into(),
+            latest
+                .iter()
+                .filter_map(|l| {
+                    let v = f64::from(l.utilization_pct?);
+                    Some(Observation {
+                        subject: gpu_subject(&l.node, &l.uuid),
+                        value: v,
+                        breach: v > t,
+                        message: format!("{} is {v:.0} % busy (above {t:.0} %)", gpu_name(l)),
+                    })
+                })
+                .collect(),
+        );
+    }
+    if let Some((t, _)) = threshold("gpu_ecc_uncorrectable") {
+        out.insert(
+            "gpu_ecc_uncorrectable".into(),
+            latest
+                .iter()
+                .filter_map(|l| {
+                    let v = l.ecc_uncorrectable? as f64;
+                    Some(Observation {
+                        subject: gpu_subject(&l.node, &l.uuid),
+                        value: v,
+                        breach: v > t,
+                        message: format!(
+                            "{} has {v:.0} uncorrectable ECC errors since its last reset: drain it and reset it",
+                            gpu_name(l)
+                        ),
+                    })
+                })
+                .collect(),
+        );
+    }
+    if threshold("gpu_lost").is_some() {
+        out.insert(
+            "gpu_lost".into(),
+            latest
+                .iter()
+                .map(|l| Observation {
+                    subject: gpu_subject(&l.node, &l.uuid),
+                    value: if l.lost { 1.0 } else { 0.0 },
+                    breach: l.lost,
+                    message: format!("{} has fallen off the bus (lost)", gpu_name(l)),
+                })
+                .collect(),
+        );
+    }
+    if let Some((t, window)) = threshold("gpu_xid_error") {
+        let counts = db::telemetry::xid_counts(&mut **tx, f64::from(window.max(1))).await?;
+        out.insert(
+            "gpu_xid_error".into(),
+            latest
+                .iter()
+                .map(|l| {
+                    let (n, last) = counts
+                        .iter()
+                        .find(|c| c.0 == l.gpu_id)
+                        .map(|c| (c.1, c.2))
+                        .unwrap_or((0, 0));
+                    Observation {
+                        subject: gpu_subject(&l.node, &l.uuid),
+                        value: last as f64,
+                        breach: n as f64 > t,
+                        message: format!(
+                            "{} reported XID {last} ({n} XID errors in the last {window} s)",
+                            gpu_name(l)
+                        ),
+                    }
+                })
+                .collect(),
+        );
+    }
+    if let Some((t, _)) = threshold("instance_memory_near_limit") {
+        let held = db::telemetry::latest_bookings(&mut **tx, fresh).await?;
+        let mut seen: Vec<Observation> = held
+            .iter()
+            .filter(|b| b.memory_limit_mib > 0)
+            .map(|b| {
+                let pct = b.memory_used_mib as f64 * 100.0 / b.memory_limit_mib as f64;
+                Observation {
+                    subject: Subject {
+                        node: Some(b.node.clone()),
+                        gpu_uuid: Some(b.gpu_uuid.clone()),
+                        booking_id: Some(b.booking_id),
+                    },
+                    value: pct,
+                    breach: pct >= t,
+                    message: format!(
+                        "booking #{} uses {} of its {} MiB of GPU memory ({pct:.0} %); it will fail to allocate soon",
+                        b.booking_id, b.memory_used_mib, b.memory_limit_mib
+                    ),
+                }
+            })
+            .collect();
+        // Alerts of bookings that ended resolve with them.
+        let ended = sqlx::query!(
+            "SELECT a.node, a.gpu_uuid, a.booking_id FROM alerts a JOIN bookings b ON b.id = a.booking_id
+             WHERE a.rule = 'instance_memory_near_limit' AND a.state IN ('pending', 'firing')
+               AND b.status <> 'active'"
+        )
+        .fetch_all(&mut **tx)
+        .await?;
+        seen.extend(ended.into_iter().map(|a| Observation {
+            subject: Subject {
+                node: a.node,
+                gpu_uuid: a.gpu_uuid,
+                booking_id: a.booking_id,
+            },
+            value: 0.0,
+            breach: false,
+            message: "the booking ended".into(),
+        }));
+        out.insert("instance_memory_near_limit".into(), seen);
+    }
+    if let Some((t, _)) = threshold("node_heartbeat_stale") {
+        out.insert(
+            "node_heartbeat_stale".into(),
+            db::alerts::node_ages(&mut **tx)
+                .await?
+                .into_iter()
+                .map(|(node, age)| Observation {
+                    subject: Subject {
+                        node: Some(node.clone()),
+                        ..Default::default()
+                    },
+                    value: age,
+                    breach: age > t,
+                    message: format!(
+                        "node {node} has not reported for {age:.0} s: is its worker running?"
+                    ),
+                })
+                .collect(),
+        );
+    }
+    Ok(out)
+}
+
+/// Evaluates every rule once. Returns the number of changes made (0 when
+/// another process holds the evaluation).
+pub async fn evaluate_all(pool: &PgPool, fresh_secs: f64) -> anyhow::Result<usize> {
+    let mut tx = pool.begin().await?;
+    let got: bool = sqlx::query_scalar!(r#"SELECT pg_try_advisory_xact_lock(7715002) AS "got!""#)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !got {
+        return Ok(0);
+    }
+    let rules = db::alerts::rules(&mut *tx).await?;
+    let seen = observe(&mut tx, &rules, fresh_secs).await?;
+    let now: OffsetDateTime = sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(&mut *tx)
+        .await?;
+    let mut changes = 0;
+    for rule in &rules {
+        let Some(obs) = seen.get(&rule.name) else {
+            continue;
+        };
+        let open = db::alerts::open_of(&mut tx, &rule.name).await?;
+        for change in evaluate(rule, now, obs, &open) {
+            changes += 1;
+            apply(&mut tx, rule, change).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(changes)
+}
+
+async fn apply(
+    tx: &mut Transaction<'_, Postgres>,
+    rule: &Rule,
+    change: Change,
+) -> anyhow::Result<()> {
+    match change {
+        Change::Open {
+            subject,
+            value,
+            message,
+            firing,
+        } => {
+            if let Some(id) = db::alerts::open(tx, rule, &subject, value, &message, firing).await? {
+                if firing {
+                    announce(tx, rule, id, &subject, &message, true).await?;
+                }
+            }
+        }
+        Change::Fire { id, value, message } => {
+            if db::alerts::fire(tx, id, value, &message).await? {
+                let subject = db::alerts::get(&mut **tx, id)
+                    .await?
+                    .map(|a| a.subject())
+                    .unwrap_or_default();
+                announce(tx, rule, id, &subject, &message, true).await?;
+            }
+        }
+        Change::Update { id, value } => db::alerts::update_value(tx, id, value).await?,
+        Change::Resolve { id, value } => {
+            if db::alerts::resolve(tx, id, value).await? {
+                if let Some(a) = db::alerts::get(&mut **tx, id).await? {
+                    let msg = format!("resolved: {}", a.message);
+                    announce(tx, rule, id, &a.subject(), &msg, false).await?;
+                }
+            }
+        }
+        Change::Drop { id } => db::alerts::drop_pending(tx, id).await?,
+    }
+    Ok(())
+}
+
+/// Queues the notifications of an alert that fired (or resolved): the
+/// webhook hears of every change; admins get critical ones by e-mail; a
+/// booking's owner gets those of their booking. Silenced alerts stay quiet.
+async fn announce(
+    tx: &mut Transaction<'_, Postgres>,
+    rule: &Rule,
+    id: i64,
+    subject: &Subject,
+    message: &str,
+    firing: bool,
+) -> anyhow::Result<()> {
+    let silenced: bool = sqlx::query_scalar!(
+        r#"SELECT COALESCE(silenced_until > now(), false) AS "s!" FROM alerts WHERE id = $1"#,
+        id
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if silenced {
+        return Ok(());
+    }
+    let mark = if firing { "FIRING" } else { "RESOLVED" };
+    let where_ = subject
+        .node
+        .as_deref()
+        .map(|n| format!(" on {n}"))
+        .unwrap_or_default();
+    let title = format!(
+        "[gpuslice] {mark} {} {}{where_}",
+        rule.severity.as_str().to_uppercase(),
+        rule.name
+    );
+    let body = format!(
+        "{message}\n\nRule: {} ({})\nAlert #{id}; see /admin/alerts and the GPU's page.\n",
+        rule.name, rule.description
+    );
+    let m = Message {
+        topic: "alert",
+        subject: &title,
+        body: &body,
+        alert_id: Some(id),
+        booking_id: subject.booking_id,
+    };
+    db::notify::webhook(tx, &m).await?;
+    if !firing {
+        return Ok(());
+    }
+    if matches!(rule.severity, Severity::Critical | Severity::High) {
+        db::notify::email_admins(
+            tx,
+            &Message {
+                topic: "alert_critical",
+                ..m
+            },
+        )
+        .await?;
+    }
+    if let Some(b) = subject.booking_id {
+        let owner = sqlx::query_scalar!("SELECT user_id FROM bookings WHERE id = $1", b)
+            .fetch_one(&mut **tx)
+            .await?;
+        db::notify::email_user(
+            tx,
+            owner,
+            &Message {
+                topic: "booking_alert",
+                ..m
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Records an alert about something that happened while it could not be
+/// recorded (`metering_spool_full`), if the rule is on and `value` reaches
+/// its threshold, and announces it.
+pub async fn raise_past(
+    tx: &mut Transaction<'_, Postgres>,
+    rule: &str,
+    subject: &Subject,
+    value: f64,
+    message: &str,
+) -> anyhow::Result<()> {
+    let Some(rule) = db::alerts::rule(&mut **tx, rule).await? else {
+        return Ok(());
+    };
+    if !rule.enabled || value < rule.threshold {
+        return Ok(());
+    }
+    let id = db::alerts::record_past(
+        tx,
+        &rule,
+        subject,
+        value,
+        message,
+        OffsetDateTime::now_utc(),
+    )
+    .await?;
+    announce(tx, &rule, id, subject, message, true).await
+}

@@ -1,0 +1,175 @@
+//! Server-rendered SVG charts: sparklines for tables and a line chart for
+//! histories. The markup carries numbers only, plus labels escaped here,
+//! so templates may include it unescaped.
+
+use std::fmt::Write;
+
+use time::OffsetDateTime;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// A small line of `values` (gaps where `None`) scaled to `0..=max`,
+/// `w` by `h` pixels, with `label` for screen readers and as a tooltip.
+pub fn sparkline(
+    values: &[Option<f64>],
+    max: f64,
+    w: u32,
+    h: u32,
+    class: &str,
+    label: &str,
+) -> String {
+    let mut out = format!(
+        r#"<svg class="spark {}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{}"><title>{}</title>"#,
+        esc(class),
+        esc(label),
+        esc(label)
+    );
+    let n = values.len();
+    if n > 0 && max > 0.0 {
+        let step = f64::from(w) / (n.max(2) - 1) as f64;
+        let mut path = String::new();
+        let mut pen_down = false;
+        for (i, v) in values.iter().enumerate() {
+            match v {
+                Some(v) => {
+                    let x = i as f64 * step;
+                    let y = f64::from(h) - 1.0 - (v / max).clamp(0.0, 1.0) * (f64::from(h) - 2.0);
+                    let _ = write!(path, "{}{x:.1},{y:.1} ", if pen_down { "L" } else { "M" });
+                    pen_down = true;
+                }
+                None => pen_down = false,
+            }
+        }
+        if !path.is_empty() {
+            let _ = write!(out, r#"<path d="{}" fill="none"/>"#, path.trim_end());
+        }
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// One line of a chart.
+pub struct Series<'a> {
+    pub label: &'a str,
+    /// A CSS class (`line-a`, `line-b`, `line-limit`).
+    pub class: &'a str,
+    pub points: Vec<(OffsetDateTime, Option<f64>)>,
+}
+
+/// A line chart over time: `series` against a y axis from 0 to `y_max`
+/// with `unit`, with a legend and the time range underneath.
+pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> String {
+    let (w, h, left, bottom) = (720.0_f64, 200.0_f64, 48.0_f64, 22.0_f64);
+    let times = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (t0, t1) = match (times.clone().min(), times.max()) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return format!(r#"<p class="muted">{}: no samples yet.</p>"#, esc(title)),
+    };
+    let span = (t1 - t0).as_seconds_f64().max(1.0);
+    let y_max = if y_max > 0.0 { y_max } else { 1.0 };
+    let x = |t: OffsetDateTime| left + (t - t0).as_seconds_f64() / span * (w - left - 8.0);
+    let y = |v: f64| 8.0 + (1.0 - (v / y_max).clamp(0.0, 1.0)) * (h - bottom - 8.0);
+    let mut out = format!(
+        r#"<figure class="chart"><svg viewBox="0 0 {w} {h}" role="img" aria-label="{t}"><title>{t}</title>"#,
+        t = esc(title)
+    );
+    for frac in [0.0, 0.5, 1.0] {
+        let v = y_max * frac;
+        let _ = write!(
+            out,
+            r#"<line class="grid" x1="{left}" x2="{}" y1="{y:.1}" y2="{y:.1}"/><text class="axis" x="{}" y="{:.1}" text-anchor="end">{v:.0}{}</text>"#,
+            w - 8.0,
+            left - 4.0,
+            y(v) + 4.0,
+            esc(unit),
+            y = y(v)
+        );
+    }
+    for s in series {
+        let mut path = String::new();
+        let mut pen_down = false;
+        for (t, v) in &s.points {
+            match v {
+                Some(v) => {
+                    let _ = write!(
+                        path,
+                        "{}{:.1},{:.1} ",
+                        if pen_down { "L" } else { "M" },
+                        x(*t),
+                        y(*v)
+                    );
+                    pen_down = true;
+                }
+                None => pen_down = false,
+            }
+        }
+        let _ = write!(
+            out,
+            r#"<path class="{}" d="{}" fill="none"><title>{}</title></path>"#,
+            esc(s.class),
+            path.trim_end(),
+            esc(s.label)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text class="axis" x="{left}" y="{}">{}</text><text class="axis" x="{}" y="{}" text-anchor="end">{}</text></svg>"#,
+        h - 4.0,
+        esc(&crate::booking::when(t0)),
+        w - 8.0,
+        h - 4.0,
+        esc(&crate::booking::when(t1))
+    );
+    out.push_str("<figcaption>");
+    for s in series {
+        let _ = write!(
+            out,
+            r#"<span class="legend {}">{}</span> "#,
+            esc(s.class),
+            esc(s.label)
+        );
+    }
+    out.push_str("</figcaption></figure>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparkline_breaks_at_gaps_and_escapes_its_label() {
+        let s = sparkline(
+            &[Some(1.0), None, Some(2.0), Some(0.0)],
+            2.0,
+            60,
+            16,
+            "util",
+            "<b>x</b>",
+        );
+        assert_eq!(s.matches('M').count(), 2, "{s}");
+        assert!(s.contains("&lt;b&gt;x&lt;/b&gt;"));
+        assert!(!s.contains("<b>"));
+    }
+
+    #[test]
+    fn an_empty_chart_says_so() {
+        let c = line_chart(
+            &[Series {
+                label: "a",
+                class: "line-a",
+                points: vec![],
+            }],
+            1.0,
+            "%",
+            "Use",
+        );
+        assert!(c.contains("no samples yet"));
+    }
+}
