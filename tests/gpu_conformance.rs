@@ -15,7 +15,8 @@ use gpuslice::gpu::fleet::Fleet;
 use gpuslice::gpu::mig::MigError;
 use gpuslice::gpu::nvml::NvmlBackend;
 use gpuslice::gpu::sim::SimBackend;
-use gpuslice::gpu::{BackendError, GpuBackend, GpuInfo};
+use gpuslice::gpu::sim::Staged;
+use gpuslice::gpu::{BackendError, EventKind, GpuBackend, GpuEvent, GpuInfo};
 
 const FLEET: &str = r#"
 [[node]]
@@ -305,6 +306,136 @@ fn nvml_on_the_standin_conforms() {
         }
     };
     destroy_ends_processes(&b, &attach);
+}
+
+// ------------------------------------------- faults, device samples, events
+
+/// How a test reaches past the backend into the "hardware": stage values
+/// on GPU `index`, raise an XID, attach a process to a device.
+struct World<'a> {
+    stage: &'a dyn Fn(u32, &Staged),
+    xid: &'a dyn Fn(u32, u64),
+    attach: &'a dyn Fn(&str, u32, u64),
+}
+
+/// Staged faults, MIG device samples and XID events read the same through
+/// both backends (what `gpuslice sim` stages is what NVML would report).
+fn faults_and_events(b: &dyn GpuBackend, w: &World) {
+    let h100 = gpu(b, "H100-80GB");
+    (w.stage)(
+        h100.index,
+        &Staged {
+            temperature_c: Some(92),
+            utilization_pct: Some(97),
+            ecc_uncorrectable: Some(2),
+            ..Staged::default()
+        },
+    );
+    let t = b.telemetry(&h100.uuid).unwrap();
+    assert_eq!(
+        (t.temperature_c, t.utilization_pct, t.ecc_uncorrectable),
+        (Some(92), Some(97), Some(2))
+    );
+    // A MIG device with a process reports its memory.
+    let i = b.create_instance(&h100.uuid, 19, pl(0, 1)).unwrap();
+    let dev = i.device_uuid.clone().unwrap();
+    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+    (w.attach)(&dev, child.id(), 9_000);
+    let t = b.telemetry(&h100.uuid).unwrap();
+    let d = t
+        .devices
+        .iter()
+        .find(|d| d.device_uuid == dev)
+        .expect("the MIG device is sampled");
+    assert_eq!(d.memory_used_mib, 9_000);
+    assert!(d.memory_total_mib >= 9 * 1024, "{d:?}");
+    b.destroy_instance(&h100.uuid, i.gi_id, Duration::from_millis(200))
+        .unwrap();
+    let _ = child.wait();
+    // Lost: telemetry says so.
+    (w.stage)(
+        h100.index,
+        &Staged {
+            lost: true,
+            ..Staged::default()
+        },
+    );
+    assert!(matches!(
+        b.telemetry(&h100.uuid),
+        Err(BackendError::GpuLost(_))
+    ));
+    (w.stage)(h100.index, &Staged::default());
+    assert_eq!(b.telemetry(&h100.uuid).unwrap().temperature_c, Some(32));
+    // Driver events arrive by waiting, not polling.
+    assert!(b.wait_events(Duration::from_millis(50)).unwrap().is_empty());
+    (w.xid)(h100.index, 79);
+    let events = b.wait_events(Duration::from_secs(2)).unwrap();
+    assert_eq!(
+        events,
+        [GpuEvent {
+            gpu_uuid: h100.uuid.clone(),
+            kind: EventKind::Xid,
+            code: 79
+        }]
+    );
+}
+
+#[test]
+fn sim_faults_and_events() {
+    let b = Arc::new(sim(None));
+    let (b1, b2, b3) = (b.clone(), b.clone(), b.clone());
+    faults_and_events(
+        &*b,
+        &World {
+            stage: &move |i, s| {
+                let s = s.clone();
+                b1.stage(i, move |x| *x = s).unwrap()
+            },
+            xid: &move |i, code| b2.raise_event(i, EventKind::Xid, code).unwrap(),
+            attach: &move |dev, pid, mib| b3.attach_process(dev, pid, mib).unwrap(),
+        },
+    );
+}
+
+#[test]
+fn nvml_faults_and_events_on_the_standin() {
+    let (b, lib) = nvml();
+    // SAFETY (all three): the hooks' C prototypes are as declared; device
+    // handles come from NVML itself.
+    let l = unsafe { libloading::Library::new(&lib).unwrap() };
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .unwrap();
+    let handle =
+        |i: u32| unsafe { nvml.device_by_index(i).unwrap().handle() } as *mut std::ffi::c_void;
+    let stage = |i: u32, s: &Staged| unsafe {
+        let f: libloading::Symbol<
+            unsafe extern "C" fn(*mut std::ffi::c_void, *const std::ffi::c_char) -> u32,
+        > = l.get(b"gpusliceStandinStage").unwrap();
+        let json = std::ffi::CString::new(serde_json::to_string(s).unwrap()).unwrap();
+        assert_eq!(f(handle(i), json.as_ptr()), 0);
+    };
+    let xid = |i: u32, code: u64| unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void, u64, u64) -> u32> =
+            l.get(b"gpusliceStandinEvent").unwrap();
+        // nvmlEventTypeXidCriticalError
+        assert_eq!(f(handle(i), 0x8, code), 0);
+    };
+    let attach = |dev: &str, pid: u32, mib: u64| unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*const std::ffi::c_char, u32, u64) -> u32> =
+            l.get(b"gpusliceStandinAttachProcess").unwrap();
+        let c = std::ffi::CString::new(dev).unwrap();
+        assert_eq!(f(c.as_ptr(), pid, mib), 0);
+    };
+    faults_and_events(
+        &b,
+        &World {
+            stage: &stage,
+            xid: &xid,
+            attach: &attach,
+        },
+    );
 }
 
 // ------------------------------------------------- NVML backend specifics

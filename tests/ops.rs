@@ -26,7 +26,7 @@ async fn health_readiness_and_metrics() {
         ),
         "{body}"
     );
-    assert!(body.contains("gpuslice_http_request_duration_seconds_bucket{method=\"GET\",route=\"/login\",le=\"+Inf\"} 1"));
+    assert!(body.contains("gpuslice_http_request_duration_seconds_bucket{le=\"+Inf\",method=\"GET\",route=\"/login\"} 1"), "{body}");
     // Unknown paths share one series, so scanners cannot blow up the label set.
     assert!(body.contains("route=\"unmatched\",status=\"404\""));
     assert!(!body.contains("/no/such/page"));
@@ -126,4 +126,34 @@ async fn error_pages_use_the_layout() {
     let r = ada.get(app.url("/admin/users/abc")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert!(r.text().await.unwrap().contains("class=\"topbar\""));
+}
+
+#[tokio::test]
+async fn metrics_ask_for_the_token_when_one_is_set() {
+    let app = TestApp::spawn().await;
+    let mut state = gpuslice::AppState::new(app.pool.clone(), Default::default())
+        .await
+        .unwrap();
+    state.metrics_token = Some(std::sync::Arc::from("s3cret-scrape"));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(gpuslice::web::serve(l, state, std::future::pending()));
+    let r = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth("s3cret-scrape")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
 }

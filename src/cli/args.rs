@@ -194,6 +194,10 @@ pub struct GpuArgs {
     /// Slack/Mattermost-compatible incoming webhook for alerts (unset: none).
     #[arg(long, env = "GPUSLICE_ALERT_WEBHOOK_URL", hide_env_values = true)]
     pub alert_webhook_url: Option<String>,
+    /// Seconds after which a notification whose sender stopped mid-send
+    /// is marked unconfirmed (and not sent again on its own).
+    #[arg(long, env = "GPUSLICE_NOTIFY_LEASE_SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub notify_lease_secs: u64,
 }
 
 #[derive(Debug, Subcommand)]

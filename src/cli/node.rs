@@ -290,6 +290,7 @@ pub fn start_watch(pool: &PgPool, gpu: &GpuArgs) -> Result<Vec<JoinHandle<()>>> 
             pool.clone(),
             channels,
             who,
+            gpu.notify_lease_secs as f64,
         )));
     }
     Ok(tasks)

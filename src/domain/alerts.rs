@@ -70,6 +70,17 @@ pub struct RuleEdit {
 }
 
 impl Rule {
+    /// How long the condition must hold before the alert fires. For an
+    /// event rule (`gpu_xid_error`) the duration is the window events are
+    /// counted in instead, and the alert fires at the first one.
+    pub fn pending_secs(&self) -> i32 {
+        if self.name == "gpu_xid_error" {
+            0
+        } else {
+            self.for_secs
+        }
+    }
+
     /// The rule with `edit` applied, or one message per bad field.
     pub fn edited(&self, edit: &RuleEdit) -> Result<Rule, Vec<(&'static str, String)>> {
         let mut out = self.clone();
@@ -179,12 +190,12 @@ pub fn evaluate(
                 subject: o.subject.clone(),
                 value: o.value,
                 message: o.message.clone(),
-                firing: rule.for_secs == 0,
+                firing: rule.pending_secs() == 0,
             }),
             (None, false) => {}
             (Some(a), true) => {
                 let held = (now - a.started_at).as_seconds_f64();
-                if a.state == AlertState::Pending && held >= f64::from(rule.for_secs) {
+                if a.state == AlertState::Pending && held >= f64::from(rule.pending_secs()) {
                     out.push(Change::Fire {
                         id: a.id,
                         value: o.value,

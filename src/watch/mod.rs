@@ -98,14 +98,20 @@ async fn observe(
             "gpu_temperature_high".into(),
             latest
                 .iter()
-                .filter_map(|l| {
-                    let v = f64::from(l.temperature_c?);
-                    Some(Observation {
+                .filter(|l| !l.lost)
+                .map(|l| {
+                    // A fresh sample without the value clears the alert.
+                    let v = l.temperature_c.map(f64::from);
+                    Observation {
                         subject: gpu_subject(&l.node, &l.uuid),
-                        value: v,
-                        breach: v > t,
-                        message: format!("{} is at {v:.0} °C (above {t:.0} °C)", gpu_name(l)),
-                    })
+                        value: v.unwrap_or(0.0),
+                        breach: v.is_some_and(|v| v > t),
+                        message: format!(
+                            "{} is at {:.0} °C (above {t:.0} °C)",
+                            gpu_name(l),
+                            v.unwrap_or(0.0)
+                        ),
+                    }
                 })
                 .collect(),
         );
@@ -115,14 +121,21 @@ async fn observe(
             "gpu_utilization_high".into(),
             latest
                 .iter()
-                .filter_map(|l| {
-                    let v = f64::from(l.utilization_pct?);
-                    Some(Observation {
+                .filter(|l| !l.lost)
+                .map(|l| {
+                    // Whole-GPU utilisation is not reported in MIG mode:
+                    // a fresh sample without it clears the alert.
+                    let v = l.utilization_pct.map(f64::from);
+                    Observation {
                         subject: gpu_subject(&l.node, &l.uuid),
-                        value: v,
-                        breach: v > t,
-                        message: format!("{} is {v:.0} % busy (above {t:.0} %)", gpu_name(l)),
-                    })
+                        value: v.unwrap_or(0.0),
+                        breach: v.is_some_and(|v| v > t),
+                        message: format!(
+                            "{} is {:.0} % busy (above {t:.0} %)",
+                            gpu_name(l),
+                            v.unwrap_or(0.0)
+                        ),
+                    }
                 })
                 .collect(),
         );
@@ -132,9 +145,10 @@ async fn observe(
             "gpu_ecc_uncorrectable".into(),
             latest
                 .iter()
-                .filter_map(|l| {
-                    let v = l.ecc_uncorrectable? as f64;
-                    Some(Observation {
+                .filter(|l| !l.lost)
+                .map(|l| {
+                    let v = l.ecc_uncorrectable.unwrap_or(0) as f64;
+                    Observation {
                         subject: gpu_subject(&l.node, &l.uuid),
                         value: v,
                         breach: v > t,
@@ -142,7 +156,7 @@ async fn observe(
                             "{} has {v:.0} uncorrectable ECC errors since its last reset: drain it and reset it",
                             gpu_name(l)
                         ),
-                    })
+                    }
                 })
                 .collect(),
         );

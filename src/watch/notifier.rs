@@ -20,8 +20,6 @@ use crate::db::notify::Notification;
 
 /// Attempts before a notification is given up (`failed`).
 pub const MAX_ATTEMPTS: i32 = 8;
-/// A claim older than this whose sender never confirmed is `unconfirmed`.
-pub const LEASE_SECS: f64 = 120.0;
 
 /// Where notifications go; each channel is off when its setting is unset.
 #[derive(Clone)]
@@ -109,15 +107,16 @@ impl Channels {
     }
 }
 
-/// Sends due notifications until the task is dropped.
-pub async fn run(pool: PgPool, channels: Channels, who: String) {
+/// Sends due notifications until the task is dropped. A claim older than
+/// `lease_secs` whose sender never confirmed it becomes `unconfirmed`.
+pub async fn run(pool: PgPool, channels: Channels, who: String, lease_secs: f64) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap_or_default();
     let crash_after_send = std::env::var("GPUSLICE_NOTIFY_CRASH").as_deref() == Ok("after-send");
     loop {
-        if let Err(e) = db::notify::settle_orphans(&pool, LEASE_SECS).await {
+        if let Err(e) = db::notify::settle_orphans(&pool, lease_secs).await {
             tracing::warn!(error = %e, "notifier: cannot settle orphaned claims");
         }
         let mut sent_any = false;

@@ -122,6 +122,11 @@ impl IntoResponse for AppError {
 /// sign-in page instead.
 pub async fn render_errors(req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
+    // Endpoints for machines (scrapers, probes) answer as they are: a
+    // scraper without the token gets 401, not a sign-in page.
+    if matches!(path.as_str(), "/metrics" | "/healthz" | "/readyz") {
+        return next.run(req).await;
+    }
     let query = req.uri().query().map(str::to_string);
     let is_get = req.method() == Method::GET;
     let resp = next.run(req).await;

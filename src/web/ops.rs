@@ -147,15 +147,19 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
         }
         Err(e) => tracing::warn!(error = %e, "metrics: fleet gauges unavailable"),
     }
-    let _ = encode_eof(&mut body);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    // Prometheus asks for OpenMetrics; anything else gets the classic
+    // text format (the same lines without the closing `# EOF`).
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let content_type = if openmetrics {
+        let _ = encode_eof(&mut body);
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    };
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// Registers a gauge family and returns it.

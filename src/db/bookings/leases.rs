@@ -125,6 +125,7 @@ pub async fn activate(
         let t = Transition::of(Status::Provisioning, Step::Ready, None)
             .expect("a provisioned booking becomes active");
         event(&mut **tx, id, actor, Some(t.from()), t.to(), reason).await?;
+        crate::db::notify::booking_moved(tx, id, t.to(), t.from(), None).await?;
     }
     Ok(r.rows_affected() == 1)
 }

@@ -193,6 +193,7 @@ pub async fn place_queued(
             "capacity freed",
         )
         .await?;
+        crate::db::notify::booking_moved(tx, id, t.to(), t.from(), None).await?;
     }
     Ok(r.rows_affected() == 1)
 }
