@@ -110,7 +110,8 @@ ALTER TABLE alerts
     ADD COLUMN acked_at TIMESTAMPTZ,
     ADD COLUMN silenced_until TIMESTAMPTZ;
 UPDATE alerts SET node = substring(source FROM 7) WHERE source LIKE 'meter:%';
-UPDATE alerts SET state = CASE WHEN resolved_at IS NULL THEN 'firing' ELSE 'resolved' END, fired_at = started_at;
+-- The old spool alerts were raised after the fact and never resolved: they are history.
+UPDATE alerts SET state = 'resolved', fired_at = started_at, resolved_at = COALESCE(resolved_at, started_at);
 ALTER TABLE alerts DROP COLUMN source;
 ALTER TABLE alerts ALTER COLUMN rule DROP DEFAULT, ALTER COLUMN state DROP DEFAULT;
 ALTER TABLE alerts DROP CONSTRAINT alerts_severity_check;

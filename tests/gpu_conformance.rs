@@ -314,7 +314,7 @@ fn nvml_on_the_standin_conforms() {
 /// on GPU `index`, raise an XID, attach a process to a device.
 struct World<'a> {
     stage: &'a dyn Fn(u32, &Staged),
-    xid: &'a dyn Fn(u32, u64),
+    event: &'a dyn Fn(u32, EventKind, u64),
     attach: &'a dyn Fn(&str, u32, u64),
 }
 
@@ -368,15 +368,22 @@ fn faults_and_events(b: &dyn GpuBackend, w: &World) {
     assert_eq!(b.telemetry(&h100.uuid).unwrap().temperature_c, Some(32));
     // Driver events arrive by waiting, not polling.
     assert!(b.wait_events(Duration::from_millis(50)).unwrap().is_empty());
-    (w.xid)(h100.index, 79);
-    let events = b.wait_events(Duration::from_secs(2)).unwrap();
+    (w.event)(h100.index, EventKind::Xid, 79);
+    (w.event)(h100.index, EventKind::EccUncorrectable, 1);
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        let got = b.wait_events(Duration::from_secs(2)).unwrap();
+        assert!(!got.is_empty(), "events arrive: {events:?}");
+        events.extend(got);
+    }
+    let ev = |kind, code| GpuEvent {
+        gpu_uuid: h100.uuid.clone(),
+        kind,
+        code,
+    };
     assert_eq!(
         events,
-        [GpuEvent {
-            gpu_uuid: h100.uuid.clone(),
-            kind: EventKind::Xid,
-            code: 79
-        }]
+        [ev(EventKind::Xid, 79), ev(EventKind::EccUncorrectable, 1)]
     );
 }
 
@@ -391,7 +398,7 @@ fn sim_faults_and_events() {
                 let s = s.clone();
                 b1.stage(i, move |x| *x = s).unwrap()
             },
-            xid: &move |i, code| b2.raise_event(i, EventKind::Xid, code).unwrap(),
+            event: &move |i, kind, code| b2.raise_event(i, kind, code).unwrap(),
             attach: &move |dev, pid, mib| b3.attach_process(dev, pid, mib).unwrap(),
         },
     );
@@ -416,11 +423,15 @@ fn nvml_faults_and_events_on_the_standin() {
         let json = std::ffi::CString::new(serde_json::to_string(s).unwrap()).unwrap();
         assert_eq!(f(handle(i), json.as_ptr()), 0);
     };
-    let xid = |i: u32, code: u64| unsafe {
+    let event = |i: u32, kind: EventKind, code: u64| unsafe {
         let f: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void, u64, u64) -> u32> =
             l.get(b"gpusliceStandinEvent").unwrap();
-        // nvmlEventTypeXidCriticalError
-        assert_eq!(f(handle(i), 0x8, code), 0);
+        // nvmlEventTypeXidCriticalError, nvmlEventTypeDoubleBitEccError
+        let t = match kind {
+            EventKind::Xid => 0x8,
+            EventKind::EccUncorrectable => 0x2,
+        };
+        assert_eq!(f(handle(i), t, code), 0);
     };
     let attach = |dev: &str, pid: u32, mib: u64| unsafe {
         let f: libloading::Symbol<unsafe extern "C" fn(*const std::ffi::c_char, u32, u64) -> u32> =
@@ -432,7 +443,7 @@ fn nvml_faults_and_events_on_the_standin() {
         &b,
         &World {
             stage: &stage,
-            xid: &xid,
+            event: &event,
             attach: &attach,
         },
     );

@@ -5,3 +5,4 @@ pub mod latency;
 pub mod mig;
 pub mod replay;
 pub mod scheduler;
+pub mod telemetry;

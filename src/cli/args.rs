@@ -213,6 +213,27 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Telemetry: worker cost of sampling a node (against one row per
+    /// statement, in the same run), a day's rollup and `/metrics` for a
+    /// large fleet. Runs in a scratch database it creates and drops on the
+    /// server DATABASE_URL (or the embedded cluster) points at.
+    Telemetry {
+        /// GPUs of the sampled node (H100-80GB in MIG mode).
+        #[arg(long, default_value_t = 64)]
+        gpus: usize,
+        /// 1g.10gb instances per sampled GPU, each held by a booking (1 to 7).
+        #[arg(long, default_value_t = 7)]
+        instances: usize,
+        /// Sampling rounds timed.
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        /// GPUs of the fleet for the rollup and `/metrics` figures.
+        #[arg(long, default_value_t = 1000)]
+        fleet: usize,
+        /// Seconds between the day's samples of the fleet.
+        #[arg(long, default_value_t = 10)]
+        interval_secs: u64,
+    },
     /// Time-slice scheduler: tick cost with 1,000 shares; as root, the
     /// achieved 4:2:1 ratio of real busy processes and the switch latency.
     Scheduler {

@@ -24,6 +24,7 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             json,
         } => return bench_latency(*gpus, *bookings, *decisions, *json),
         BenchCommand::Scheduler { secs } => return crate::bench::scheduler::run(*secs),
+        BenchCommand::Telemetry { .. } => bail!("gpuslice bench telemetry needs a database"),
         BenchCommand::Replay {
             nodes,
             pods,

@@ -59,6 +59,28 @@ pub async fn run(cli: Cli) -> Result<()> {
                 .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
             return exec::exec(&socket, *booking, cmd);
         }
+        Command::Bench(BenchCommand::Telemetry {
+            gpus,
+            instances,
+            rounds,
+            fleet,
+            interval_secs,
+        }) => {
+            let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
+            let result = crate::bench::telemetry::run(
+                &database,
+                &crate::bench::telemetry::Params {
+                    gpus: *gpus,
+                    instances: *instances,
+                    rounds: *rounds,
+                    fleet: *fleet,
+                    interval_secs: *interval_secs,
+                },
+            )
+            .await;
+            let closed = database.close().await;
+            return result.and(closed);
+        }
         Command::Bench(b) => return bench(b),
         Command::Sim { cmd, gpu } => {
             println!("{}", sim::sim(cmd, gpu, &cli.data_dir)?);

@@ -49,6 +49,11 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
         .filter(|t| !t.is_empty())
         .map(std::sync::Arc::from);
     state.telemetry_interval_secs = args.gpu.telemetry_interval_secs;
+    let loopback = listener.local_addr()?.ip().is_loopback();
+    state.metrics_attribution = state.metrics_token.is_some() || loopback;
+    if !state.metrics_attribution {
+        tracing::warn!("/metrics is open on a network address: its series carry no tenant or booking labels; set GPUSLICE_METRICS_TOKEN to get them");
+    }
     state.booking_settings = std::sync::Arc::new(crate::booking::Settings {
         max_ahead_days: args.max_ahead_days,
         ..Default::default()

@@ -333,3 +333,35 @@ pub async fn node_ages(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(String, f64
     .await?;
     Ok(rows.into_iter().map(|r| (r.name, r.age)).collect())
 }
+
+/// Takes the evaluation's lock for this transaction; false when another
+/// process is evaluating.
+pub async fn try_evaluation_lock(tx: &mut Transaction<'_, Postgres>) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(r#"SELECT pg_try_advisory_xact_lock(7715002) AS "got!""#)
+        .fetch_one(&mut **tx)
+        .await
+}
+
+/// The database's clock (the transaction's start).
+pub async fn now(tx: &mut Transaction<'_, Postgres>) -> sqlx::Result<OffsetDateTime> {
+    sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(&mut **tx)
+        .await
+}
+
+/// Whether alert `id` should send nothing now: it is silenced, or (when
+/// it fires) another alert of the same rule and subject fired in the last
+/// ten minutes, so a flapping condition does not flood people.
+pub async fn quiet(db: impl PgExecutor<'_>, id: i64, firing: bool) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT COALESCE(a.silenced_until > now(), false)
+                  OR ($2 AND EXISTS (SELECT 1 FROM alerts o
+                                     WHERE o.rule = a.rule AND o.subject = a.subject AND o.id <> a.id
+                                       AND o.fired_at > now() - interval '10 minutes')) AS "q!"
+           FROM alerts a WHERE a.id = $1"#,
+        id,
+        firing
+    )
+    .fetch_one(db)
+    .await
+}

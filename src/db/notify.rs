@@ -158,10 +158,13 @@ pub async fn claim(db: &PgPool, channel: &str, by: &str) -> sqlx::Result<Option<
     .await
 }
 
-pub async fn mark_sent(db: &PgPool, id: i64) -> sqlx::Result<()> {
+/// Marks a notification this sender claimed as sent.
+pub async fn mark_sent(db: &PgPool, id: i64, by: &str) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE notifications SET state = 'sent', sent_at = now(), last_error = NULL WHERE id = $1",
-        id
+        "UPDATE notifications SET state = 'sent', sent_at = now(), last_error = NULL
+         WHERE id = $1 AND state = 'sending' AND claimed_by = $2",
+        id,
+        by
     )
     .execute(db)
     .await?;
@@ -173,6 +176,7 @@ pub async fn mark_sent(db: &PgPool, id: i64) -> sqlx::Result<()> {
 pub async fn mark_retry(
     db: &PgPool,
     id: i64,
+    by: &str,
     error: &str,
     backoff_secs: f64,
     max_attempts: i32,
@@ -181,11 +185,12 @@ pub async fn mark_retry(
         "UPDATE notifications SET last_error = $2,
                 state = CASE WHEN attempts >= $4 THEN 'failed' ELSE 'pending' END,
                 next_attempt_at = now() + make_interval(secs => $3)
-         WHERE id = $1",
+         WHERE id = $1 AND state = 'sending' AND claimed_by = $5",
         id,
         error,
         backoff_secs,
-        max_attempts
+        max_attempts,
+        by
     )
     .execute(db)
     .await?;
@@ -205,6 +210,27 @@ pub async fn settle_orphans(db: &PgPool, lease_secs: f64) -> sqlx::Result<u64> {
     .execute(db)
     .await?;
     Ok(n.rows_affected())
+}
+
+/// Notifications nobody sent within a day (no process has their channel
+/// configured) are given up, so that turning a channel on later does not
+/// send a backlog of stale mail. Returns how many.
+pub async fn expire_unsent(db: impl PgExecutor<'_>) -> sqlx::Result<u64> {
+    let n = sqlx::query!(
+        "UPDATE notifications SET state = 'failed',
+                last_error = 'not sent within a day: no running gpuslice has this channel configured'
+         WHERE state = 'pending' AND created_at < now() - interval '1 day'"
+    )
+    .execute(db)
+    .await?;
+    Ok(n.rows_affected())
+}
+
+/// The owner of a booking.
+pub async fn owner_of(db: impl PgExecutor<'_>, booking_id: i64) -> sqlx::Result<i64> {
+    sqlx::query_scalar!("SELECT user_id FROM bookings WHERE id = $1", booking_id)
+        .fetch_one(db)
+        .await
 }
 
 /// An admin sends a failed or unconfirmed notification again.

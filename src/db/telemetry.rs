@@ -9,6 +9,12 @@ use crate::gpu::Telemetry;
 /// The bucket of the rollups.
 pub const BUCKET_SECS: i64 = 300;
 
+/// How old a sample may be and still say something about now: three
+/// sampling intervals, at least 30 s (one rule for the alerts and `/metrics`).
+pub fn fresh_secs(interval_secs: f64) -> f64 {
+    (interval_secs * 3.0).max(30.0)
+}
+
 /// One GPU's sample: `None` when the GPU did not answer (lost).
 pub struct GpuSample<'a> {
     pub gpu_id: i64,
@@ -193,7 +199,8 @@ pub async fn rollup(db: &PgPool, keep: Retention) -> sqlx::Result<Rolled> {
     let from = |name: &'static str| {
         sqlx::query_scalar!(
             r#"SELECT COALESCE((SELECT done_until FROM rollup_marks WHERE name = $1),
-                               now() - make_interval(hours => $2::int)) AS "t!""#,
+                               date_bin('5 minutes', now() - make_interval(hours => $2::int),
+                                        TIMESTAMPTZ '2000-01-01')) AS "t!""#,
             name,
             keep.raw_hours as i32
         )
@@ -272,6 +279,7 @@ pub async fn rollup(db: &PgPool, keep: Retention) -> sqlx::Result<Rolled> {
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    crate::db::notify::expire_unsent(&mut *tx).await?;
     // Notifications are kept for a month (sent or not).
     deleted +=
         sqlx::query!("DELETE FROM notifications WHERE created_at < now() - interval '30 days'")
@@ -334,21 +342,25 @@ pub struct BookingPoint {
     pub utilization: Option<f64>,
 }
 
-/// A booking's memory and utilisation since it started: raw samples while
-/// they are kept, 5-minute means before.
+/// A booking's memory and utilisation since it started: 5-minute means
+/// where the raw samples are gone, 1-minute means of the raw samples
+/// after (at most 1,440 points a day, whatever the sampling interval).
 pub async fn booking_history(
     db: impl PgExecutor<'_>,
     booking_id: i64,
 ) -> sqlx::Result<Vec<BookingPoint>> {
     sqlx::query_as!(
         BookingPoint,
-        r#"SELECT bucket AS "at!", memory_used_avg::float8 AS "memory_used_mib!", memory_limit_mib AS "memory_limit_mib!",
+        r#"WITH raw_from AS (SELECT COALESCE(min(at), 'infinity') AS t FROM instance_samples WHERE booking_id = $1)
+           SELECT bucket AS "at!", memory_used_avg::float8 AS "memory_used_mib!", memory_limit_mib AS "memory_limit_mib!",
                   utilization_avg::float8 AS utilization
-           FROM instance_rollups
-           WHERE booking_id = $1 AND bucket < (SELECT COALESCE(min(at), 'infinity') FROM instance_samples WHERE booking_id = $1)
+           FROM instance_rollups, raw_from
+           WHERE booking_id = $1 AND bucket + interval '5 minutes' <= raw_from.t
            UNION ALL
-           SELECT at, memory_used_mib::float8, memory_limit_mib, utilization_pct::float8
+           SELECT date_bin('1 minute', at, TIMESTAMPTZ '2000-01-01'), avg(memory_used_mib)::float8,
+                  max(memory_limit_mib), avg(utilization_pct)::float8
            FROM instance_samples WHERE booking_id = $1
+           GROUP BY 1
            ORDER BY 1"#,
         booking_id
     )
@@ -468,4 +480,34 @@ pub async fn xid_counts(db: impl PgExecutor<'_>, secs: f64) -> sqlx::Result<Vec<
     .fetch_all(db)
     .await?;
     Ok(rows.into_iter().map(|r| (r.gpu_id, r.n, r.last)).collect())
+}
+
+/// Subjects of open `instance_memory_near_limit` alerts whose booking is
+/// no longer active: (node, gpu uuid, booking id).
+pub async fn ended_with_open_memory_alerts(
+    db: impl PgExecutor<'_>,
+) -> sqlx::Result<Vec<(Option<String>, Option<String>, Option<i64>)>> {
+    let rows = sqlx::query!(
+        "SELECT a.node, a.gpu_uuid, a.booking_id FROM alerts a JOIN bookings b ON b.id = a.booking_id
+         WHERE a.rule = 'instance_memory_near_limit' AND a.state IN ('pending', 'firing')
+           AND b.status <> 'active'"
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.node, r.gpu_uuid, r.booking_id))
+        .collect())
+}
+
+/// The driver's product name of every GPU, by uuid.
+pub async fn products(
+    db: impl PgExecutor<'_>,
+) -> sqlx::Result<std::collections::HashMap<String, String>> {
+    Ok(sqlx::query!("SELECT uuid, product FROM gpus")
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .map(|p| (p.uuid, p.product))
+        .collect())
 }

@@ -208,10 +208,11 @@ pub trait GpuBackend: Send + Sync {
         Ok(Vec::new())
     }
 
-    /// The processes the worker found in the cgroup of the booking on
-    /// `device_uuid`. Real hardware sees them by itself; the simulation
-    /// learns of them here, so that its load follows them.
-    fn observe_processes(&self, _device_uuid: &str, _pids: &[u32]) {}
+    /// The processes the worker found in bookings' cgroups, by device
+    /// uuid: the whole picture each round (a device not named has none).
+    /// Real hardware sees them by itself; the simulation learns of them
+    /// here, so that its load follows them.
+    fn observe_processes(&self, _by_device: &std::collections::HashMap<String, Vec<u32>>) {}
 
     /// Switches an empty GPU's MIG mode on an admin's request. The change
     /// may stay pending until the GPU is reset (`GpuInfo::mig_pending`).

@@ -40,6 +40,18 @@ pub struct NvmlBackend {
     events: std::sync::Mutex<Option<usize>>,
 }
 
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        let set = *self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(set), Ok(free)) = (set, self.nvml.lib().nvmlEventSetFree.as_ref()) {
+            // SAFETY: the set was made by nvmlEventSetCreate and is freed once.
+            unsafe {
+                free(set as sys::nvmlEventSet_t);
+            }
+        }
+    }
+}
+
 /// `nvmlEventTypeDoubleBitEccError` and `nvmlEventTypeXidCriticalError`.
 const EVENT_DBE: u64 = 0x2;
 const EVENT_XID: u64 = 0x8;
@@ -640,6 +652,10 @@ impl GpuBackend for NvmlBackend {
             if r == TIMEOUT {
                 return Ok(out);
             }
+            if r != SUCCESS && !out.is_empty() {
+                // Keep what arrived; the error comes back at the next wait.
+                return Ok(out);
+            }
             self.check("nvmlEventSetWait_v2", r)?;
             let mut buf = [0 as c_char; 96];
             // SAFETY: the device handle comes from the driver's event.
@@ -650,10 +666,14 @@ impl GpuBackend for NvmlBackend {
                 )?;
                 CStr::from_ptr(buf.as_ptr()).to_string_lossy().to_string()
             };
-            let kind = if data.eventType & EVENT_XID != 0 {
-                EventKind::Xid
-            } else {
-                EventKind::EccUncorrectable
+            let kind = match data.eventType {
+                EVENT_XID => EventKind::Xid,
+                EVENT_DBE => EventKind::EccUncorrectable,
+                // Only these two are registered; anything else is skipped.
+                _ => {
+                    ms = 0;
+                    continue;
+                }
             };
             out.push(GpuEvent {
                 gpu_uuid: uuid,

@@ -781,12 +781,12 @@ impl GpuBackend for SimBackend {
         }
     }
 
-    fn observe_processes(&self, device_uuid: &str, pids: &[u32]) {
+    fn observe_processes(&self, by_device: &HashMap<String, Vec<u32>>) {
         let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        if pids.is_empty() {
-            f.observed.remove(device_uuid);
-        } else {
-            f.observed.insert(device_uuid.to_string(), pids.len());
-        }
+        f.observed = by_device
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(d, p)| (d.clone(), p.len()))
+            .collect();
     }
 }

@@ -77,13 +77,13 @@ fn gpu_subject(node: &str, uuid: &str) -> Subject {
 }
 
 /// What each rule sees now. `fresh_secs` is the sampling interval: a
-/// sample older than three of them says nothing about now.
+/// sample older than [`db::telemetry::fresh_secs`] says nothing about now.
 async fn observe(
     tx: &mut Transaction<'_, Postgres>,
     rules: &[Rule],
     fresh_secs: f64,
 ) -> anyhow::Result<HashMap<String, Vec<Observation>>> {
-    let fresh = (fresh_secs * 3.0).max(5.0);
+    let fresh = db::telemetry::fresh_secs(fresh_secs);
     let latest = db::telemetry::latest(&mut **tx, fresh).await?;
     let mut out: HashMap<String, Vec<Observation>> = HashMap::new();
     let threshold = |name: &str| {
@@ -223,23 +223,21 @@ async fn observe(
             })
             .collect();
         // Alerts of bookings that ended resolve with them.
-        let ended = sqlx::query!(
-            "SELECT a.node, a.gpu_uuid, a.booking_id FROM alerts a JOIN bookings b ON b.id = a.booking_id
-             WHERE a.rule = 'instance_memory_near_limit' AND a.state IN ('pending', 'firing')
-               AND b.status <> 'active'"
-        )
-        .fetch_all(&mut **tx)
-        .await?;
-        seen.extend(ended.into_iter().map(|a| Observation {
-            subject: Subject {
-                node: a.node,
-                gpu_uuid: a.gpu_uuid,
-                booking_id: a.booking_id,
-            },
-            value: 0.0,
-            breach: false,
-            message: "the booking ended".into(),
-        }));
+        let ended = db::telemetry::ended_with_open_memory_alerts(&mut **tx).await?;
+        seen.extend(
+            ended
+                .into_iter()
+                .map(|(node, gpu_uuid, booking_id)| Observation {
+                    subject: Subject {
+                        node,
+                        gpu_uuid,
+                        booking_id,
+                    },
+                    value: 0.0,
+                    breach: false,
+                    message: "the booking ended".into(),
+                }),
+        );
         out.insert("instance_memory_near_limit".into(), seen);
     }
     if let Some((t, _)) = threshold("node_heartbeat_stale") {
@@ -269,17 +267,12 @@ async fn observe(
 /// another process holds the evaluation).
 pub async fn evaluate_all(pool: &PgPool, fresh_secs: f64) -> anyhow::Result<usize> {
     let mut tx = pool.begin().await?;
-    let got: bool = sqlx::query_scalar!(r#"SELECT pg_try_advisory_xact_lock(7715002) AS "got!""#)
-        .fetch_one(&mut *tx)
-        .await?;
-    if !got {
+    if !db::alerts::try_evaluation_lock(&mut tx).await? {
         return Ok(0);
     }
     let rules = db::alerts::rules(&mut *tx).await?;
     let seen = observe(&mut tx, &rules, fresh_secs).await?;
-    let now: OffsetDateTime = sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
-        .fetch_one(&mut *tx)
-        .await?;
+    let now = db::alerts::now(&mut tx).await?;
     let mut changes = 0;
     for rule in &rules {
         let Some(obs) = seen.get(&rule.name) else {
@@ -347,13 +340,9 @@ async fn announce(
     message: &str,
     firing: bool,
 ) -> anyhow::Result<()> {
-    let silenced: bool = sqlx::query_scalar!(
-        r#"SELECT COALESCE(silenced_until > now(), false) AS "s!" FROM alerts WHERE id = $1"#,
-        id
-    )
-    .fetch_one(&mut **tx)
-    .await?;
-    if silenced {
+    // Silenced, or the same rule and subject already told people in the
+    // last ten minutes (a flapping condition): stay quiet.
+    if db::alerts::quiet(&mut **tx, id, firing).await? {
         return Ok(());
     }
     let mark = if firing { "FIRING" } else { "RESOLVED" };
@@ -393,9 +382,7 @@ async fn announce(
         .await?;
     }
     if let Some(b) = subject.booking_id {
-        let owner = sqlx::query_scalar!("SELECT user_id FROM bookings WHERE id = $1", b)
-            .fetch_one(&mut **tx)
-            .await?;
+        let owner = db::notify::owner_of(&mut **tx, b).await?;
         db::notify::email_user(
             tx,
             owner,

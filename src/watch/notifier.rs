@@ -68,6 +68,12 @@ impl Channels {
                         parsed.scheme()
                     ));
                 }
+                let tls = parsed
+                    .query_pairs()
+                    .any(|(k, v)| k == "tls" && (v == "required" || v == "opportunistic"));
+                if parsed.scheme() == "smtp" && !parsed.username().is_empty() && !tls {
+                    return Err("GPUSLICE_SMTP_URL: a password would travel in clear text; use smtps:// or add ?tls=required".into());
+                }
                 let t = AsyncSmtpTransport::<Tokio1Executor>::from_url(u)
                     .map_err(|e| format!("GPUSLICE_SMTP_URL: {e}"))?
                     .timeout(Some(Duration::from_secs(20)))
@@ -112,6 +118,7 @@ impl Channels {
 pub async fn run(pool: PgPool, channels: Channels, who: String, lease_secs: f64) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap_or_default();
     let crash_after_send = std::env::var("GPUSLICE_NOTIFY_CRASH").as_deref() == Ok("after-send");
@@ -147,12 +154,19 @@ pub async fn run(pool: PgPool, channels: Channels, who: String, lease_secs: f64)
                     std::process::abort();
                 }
                 let marked = match &result {
-                    Ok(()) => db::notify::mark_sent(&pool, n.id).await,
+                    Ok(()) => db::notify::mark_sent(&pool, n.id, &who).await,
                     Err(e) => {
                         let backoff = 30.0 * 2f64.powi(n.attempts.clamp(1, 8) - 1);
                         tracing::warn!(id = n.id, channel, error = %e, attempts = n.attempts, "notification not sent; will retry");
-                        db::notify::mark_retry(&pool, n.id, e, backoff.min(3600.0), MAX_ATTEMPTS)
-                            .await
+                        db::notify::mark_retry(
+                            &pool,
+                            n.id,
+                            &who,
+                            e,
+                            backoff.min(3600.0),
+                            MAX_ATTEMPTS,
+                        )
+                        .await
                     }
                 };
                 if let Err(e) = marked {
@@ -203,12 +217,44 @@ async fn send(channels: &Channels, http: &reqwest::Client, n: &Notification) -> 
                 .json(&body)
                 .send()
                 .await
-                .map_err(|e| e.to_string())?;
+                // The URL holds the webhook's secret: keep it out of errors.
+                .map_err(|e| e.without_url().to_string())?;
             if r.status().is_success() {
                 Ok(())
             } else {
                 Err(format!("the webhook answered {}", r.status()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Channels;
+
+    #[test]
+    fn settings_are_checked_with_a_sentence() {
+        let err = |smtp: &str| Channels::from_settings(Some(smtp), None, None).unwrap_err();
+        assert!(err("http://mail:25").contains("scheme must be smtp or smtps"));
+        assert!(err("smtp://ada:secret@mail:25").contains("clear text"));
+        assert!(Channels::from_settings(
+            Some("smtp://ada:secret@mail:587?tls=required"),
+            None,
+            None
+        )
+        .is_ok());
+        assert!(Channels::from_settings(Some("smtps://ada:secret@mail:465"), None, None).is_ok());
+        assert!(Channels::from_settings(
+            Some("smtp://mail:25"),
+            Some("gpuslice <g@uni.edu>"),
+            None
+        )
+        .is_ok());
+        let bad_from = Channels::from_settings(None, Some("not an address"), None).unwrap_err();
+        assert!(bad_from.contains("GPUSLICE_MAIL_FROM"), "{bad_from}");
+        let bad_hook = Channels::from_settings(None, None, Some("ftp://x")).unwrap_err();
+        assert!(bad_hook.contains("http or https"), "{bad_hook}");
+        let none = Channels::from_settings(None, None, None).unwrap();
+        assert!(!none.any());
     }
 }

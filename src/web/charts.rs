@@ -94,7 +94,7 @@ pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> Str
     for s in series {
         let mut path = String::new();
         let mut pen_down = false;
-        for (t, v) in &s.points {
+        for (t, v) in &thin(&s.points, t0, span) {
             match v {
                 Some(v) => {
                     let _ = write!(
@@ -139,6 +139,34 @@ pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> Str
     out
 }
 
+/// Most points a line draws: a long history is averaged into this many
+/// equal spans of time, so a page's size does not grow with it.
+const MAX_POINTS: usize = 400;
+
+fn thin(
+    points: &[(OffsetDateTime, Option<f64>)],
+    t0: OffsetDateTime,
+    span: f64,
+) -> Vec<(OffsetDateTime, Option<f64>)> {
+    if points.len() <= MAX_POINTS {
+        return points.to_vec();
+    }
+    let mut bins: Vec<(f64, usize, OffsetDateTime)> = vec![(0.0, 0, t0); MAX_POINTS];
+    for (t, v) in points {
+        let i = (((*t - t0).as_seconds_f64() / span) * MAX_POINTS as f64) as usize;
+        let b = &mut bins[i.min(MAX_POINTS - 1)];
+        if let Some(v) = v {
+            b.0 += v;
+            b.1 += 1;
+        }
+        b.2 = *t;
+    }
+    bins.into_iter()
+        .filter(|b| b.2 != t0 || b.1 > 0)
+        .map(|(sum, n, t)| (t, (n > 0).then(|| sum / n as f64)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +184,29 @@ mod tests {
         assert_eq!(s.matches('M').count(), 2, "{s}");
         assert!(s.contains("&lt;b&gt;x&lt;/b&gt;"));
         assert!(!s.contains("<b>"));
+    }
+
+    #[test]
+    fn long_histories_are_thinned() {
+        let t0 = OffsetDateTime::now_utc();
+        let points: Vec<_> = (0..5_000)
+            .map(|i| (t0 + time::Duration::seconds(i * 10), Some(50.0)))
+            .collect();
+        let c = line_chart(
+            &[Series {
+                label: "a",
+                class: "line-a",
+                points,
+            }],
+            100.0,
+            "%",
+            "Use",
+        );
+        assert!(
+            c.matches('L').count() <= MAX_POINTS,
+            "{}",
+            c.matches('L').count()
+        );
     }
 
     #[test]

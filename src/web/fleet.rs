@@ -249,11 +249,24 @@ async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), A
     )
     .await?;
     let step = 300.0;
+    let mut by_gpu: HashMap<i64, Vec<&db::telemetry::GpuPoint>> = HashMap::new();
+    for p in &history {
+        by_gpu.entry(p.gpu_id).or_default().push(p);
+    }
+    let mut firing: HashMap<&str, Vec<&db::alerts::Alert>> = HashMap::new();
+    for a in open
+        .iter()
+        .filter(|a| a.state == crate::domain::alerts::AlertState::Firing)
+    {
+        if let Some(g) = a.gpu_uuid.as_deref() {
+            firing.entry(g).or_default().push(a);
+        }
+    }
     for v in views.iter_mut() {
         let mut util = vec![None; SPARK_POINTS];
         let mut temp = vec![None; SPARK_POINTS];
         let mut mem = vec![None; SPARK_POINTS];
-        for p in history.iter().filter(|p| p.gpu_id == v.gpu.id) {
+        for p in by_gpu.get(&v.gpu.id).into_iter().flatten() {
             let i = ((p.at - since).as_seconds_f64() / step) as usize;
             if i < SPARK_POINTS {
                 util[i] = p.utilization;
@@ -305,13 +318,7 @@ async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), A
             ),
         ]
         .join("");
-        let mine: Vec<_> = open
-            .iter()
-            .filter(|a| {
-                a.gpu_uuid.as_deref() == Some(v.gpu.uuid.as_str())
-                    && a.state == crate::domain::alerts::AlertState::Firing
-            })
-            .collect();
+        let mine = firing.get(v.gpu.uuid.as_str()).cloned().unwrap_or_default();
         v.alerts_open = mine.len();
         v.alert = mine
             .iter()

@@ -74,6 +74,10 @@ pub struct AppState {
     pub currency: Arc<str>,
     /// The bearer token `/metrics` asks for; `None`: open.
     pub metrics_token: Option<Arc<str>>,
+    /// Whether `/metrics` names tenants and bookings: with a token, or when
+    /// served on a loopback address only (an open `/metrics` on the network
+    /// would tell anyone who uses which GPU).
+    pub metrics_attribution: bool,
     /// Seconds between telemetry samples (how fresh a sample must be to count).
     pub telemetry_interval_secs: u64,
 }
@@ -94,6 +98,7 @@ impl AppState {
             booking_settings: Arc::new(crate::booking::Settings::default()),
             currency: Arc::from("EUR"),
             metrics_token: None,
+            metrics_attribution: true,
             telemetry_interval_secs: 10,
         })
     }

@@ -131,7 +131,12 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !crate::web::csrf::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        // Compared as hashes, so that neither content nor length leaks.
+        use sha2::{Digest, Sha256};
+        if !crate::web::csrf::constant_time_eq(
+            &Sha256::digest(given.as_bytes()),
+            &Sha256::digest(token.as_bytes()),
+        ) {
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -243,16 +248,10 @@ pub async fn fleet_registry(state: &AppState) -> anyhow::Result<Registry> {
 /// labelled as DCGM-exporter names and labels them (its default counters),
 /// so dashboards built for it work unchanged.
 async fn render_gpus(r: &mut Registry, state: &AppState) -> anyhow::Result<()> {
-    let fresh = (state.telemetry_interval_secs as f64 * 3.0).max(30.0);
+    let fresh = db::telemetry::fresh_secs(state.telemetry_interval_secs as f64);
     let latest = db::telemetry::latest(&state.pool, fresh).await?;
     let held = db::telemetry::latest_bookings(&state.pool, fresh).await?;
-    let products: std::collections::HashMap<String, String> =
-        sqlx::query!("SELECT uuid, product FROM gpus")
-            .fetch_all(&state.pool)
-            .await?
-            .into_iter()
-            .map(|p| (p.uuid, p.product))
-            .collect();
+    let products = db::telemetry::products(&state.pool).await?;
     let util = gauges(r, "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)");
     let fb_used = gauges(r, "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)");
     let fb_free = gauges(r, "DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)");
@@ -323,8 +322,10 @@ async fn render_gpus(r: &mut Registry, state: &AppState) -> anyhow::Result<()> {
             labels.push(("GPU_I_PROFILE", p.clone()));
             labels.push(("GPU_I_ID", b.gi_placement.unwrap_or(0).to_string()));
         }
-        labels.push(("tenant", b.tenant.clone()));
-        labels.push(("booking", b.booking_id.to_string()));
+        if state.metrics_attribution {
+            labels.push(("tenant", b.tenant.clone()));
+            labels.push(("booking", b.booking_id.to_string()));
+        }
         fb_used.get_or_create(&labels).set(b.memory_used_mib as f64);
         fb_free
             .get_or_create(&labels)

@@ -75,21 +75,22 @@ pub async fn sample_once(
         .collect();
     let node_name = node.to_string();
     let (samples, bookings) = tokio::task::spawn_blocking(move || {
-        let mut by_device: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut by_device: HashMap<String, Vec<u32>> = HashMap::new();
         for h in &held {
             by_device
-                .entry(h.device_uuid.as_str())
+                .entry(h.device_uuid.clone())
                 .or_default()
                 .extend(pids.get(&h.id).into_iter().flatten());
         }
-        for (device, p) in &by_device {
-            backend.observe_processes(device, p);
-        }
+        backend.observe_processes(&by_device);
         let mut samples: Vec<(i64, Option<Telemetry>)> = Vec::new();
         for g in &gpus {
             match backend.telemetry(&g.uuid) {
                 Ok(t) => samples.push((g.id, Some(t))),
-                Err(BackendError::GpuLost(_)) => samples.push((g.id, None)),
+                // Fallen off the bus, or gone from the driver's list.
+                Err(BackendError::GpuLost(_) | BackendError::NoSuchGpu(_)) => {
+                    samples.push((g.id, None))
+                }
                 Err(e) => {
                     tracing::debug!(node = %node_name, gpu = %g.uuid, error = %e, "no telemetry")
                 }

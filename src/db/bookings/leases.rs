@@ -156,9 +156,7 @@ pub async fn mark_warned(
     .execute(&mut **tx)
     .await?;
     note(&mut **tx, id, actor, Status::Active, reason).await?;
-    let owner = sqlx::query_scalar!("SELECT user_id FROM bookings WHERE id = $1", id)
-        .fetch_one(&mut **tx)
-        .await?;
+    let owner = crate::db::notify::owner_of(&mut **tx, id).await?;
     let subject = format!("gpuslice: booking #{id} {reason}");
     crate::db::notify::email_user(
         tx,
