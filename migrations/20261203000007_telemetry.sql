@@ -31,18 +31,25 @@ CREATE TABLE instance_samples (
 );
 CREATE INDEX instance_samples_at_idx ON instance_samples (at);
 
+-- 5-minute rollups, kept up to date as samples arrive (sums and counts,
+-- so that a mean is sum / n and a bucket is never re-read): no batch job
+-- has to catch up, whatever the history.
 CREATE TABLE gpu_rollups (
     gpu_id           BIGINT NOT NULL REFERENCES gpus (id) ON DELETE CASCADE,
     bucket           TIMESTAMPTZ NOT NULL,
     samples          INTEGER NOT NULL,
     lost_samples     INTEGER NOT NULL,
-    utilization_avg  REAL,
+    utilization_sum  DOUBLE PRECISION NOT NULL,
+    utilization_n    INTEGER NOT NULL,
     utilization_max  REAL,
-    temperature_avg  REAL,
+    temperature_sum  DOUBLE PRECISION NOT NULL,
+    temperature_n    INTEGER NOT NULL,
     temperature_max  REAL,
-    memory_used_avg  REAL,
+    memory_used_sum  DOUBLE PRECISION NOT NULL,
+    memory_used_n    INTEGER NOT NULL,
     memory_used_max  BIGINT,
-    power_avg        REAL,
+    power_sum        DOUBLE PRECISION NOT NULL,
+    power_n          INTEGER NOT NULL,
     PRIMARY KEY (gpu_id, bucket)
 );
 CREATE INDEX gpu_rollups_bucket_idx ON gpu_rollups (bucket);
@@ -51,20 +58,14 @@ CREATE TABLE instance_rollups (
     booking_id       BIGINT NOT NULL REFERENCES bookings (id) ON DELETE CASCADE,
     bucket           TIMESTAMPTZ NOT NULL,
     samples          INTEGER NOT NULL,
-    memory_used_avg  REAL NOT NULL,
+    memory_used_sum  DOUBLE PRECISION NOT NULL,
     memory_used_max  BIGINT NOT NULL,
     memory_limit_mib BIGINT NOT NULL,
-    utilization_avg  REAL,
+    utilization_sum  DOUBLE PRECISION NOT NULL,
+    utilization_n    INTEGER NOT NULL,
     PRIMARY KEY (booking_id, bucket)
 );
 CREATE INDEX instance_rollups_bucket_idx ON instance_rollups (bucket);
-
--- How far the rollups have got (one row per table), so that each run reads
--- only the samples that arrived since the last one.
-CREATE TABLE rollup_marks (
-    name       TEXT PRIMARY KEY,
-    done_until TIMESTAMPTZ NOT NULL
-);
 
 -- Events the driver pushes (XID errors, double-bit ECC errors).
 CREATE TABLE gpu_events (

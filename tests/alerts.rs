@@ -639,52 +639,102 @@ async fn metrics_parse_and_carry_dcgm_names_tenant_and_booking() {
 }
 
 #[tokio::test]
-async fn retention_keeps_the_samples_bounded_and_rollups_cover_history() {
+async fn rollups_follow_the_samples_and_retention_keeps_them_bounded() {
+    use gpuslice::db::telemetry::{self, GpuSample, Retention};
     let app = TestApp::spawn().await;
     let node = common::SimNode::register(&app, FLEET, "w1", 4).await;
     let gpu: i64 = app.one("SELECT id FROM gpus ORDER BY idx LIMIT 1").await;
-    // Three days of samples every minute, as if the worker had run.
+    // Three rounds as the worker writes them: the 5-minute bucket is kept
+    // up to date at once (means are sums over counts, maxima kept).
+    for (util, temp) in [(20, 40), (40, 60), (90, 80)] {
+        let t = gpuslice::gpu::Telemetry {
+            memory_used_mib: 1024,
+            memory_total_mib: 81920,
+            utilization_pct: Some(util),
+            temperature_c: Some(temp),
+            ..Default::default()
+        };
+        telemetry::record(
+            &app.pool,
+            &[GpuSample {
+                gpu_id: gpu,
+                telemetry: Some(&t),
+            }],
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    // A lost round counts as a sample without values.
+    telemetry::record(
+        &app.pool,
+        &[GpuSample {
+            gpu_id: gpu,
+            telemetry: None,
+        }],
+        &[],
+    )
+    .await
+    .unwrap();
+    let (samples, lost, n, max): (i32, i32, i32, f32) = sqlx::query_as(
+        "SELECT sum(samples)::int, sum(lost_samples)::int, sum(utilization_n)::int, max(utilization_max) FROM gpu_rollups",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((samples, lost, n, max), (4, 1, 3, 90.0));
+    let since = time::OffsetDateTime::now_utc() - time::Duration::hours(24);
+    let points = telemetry::gpu_history(&app.pool, &[gpu], since)
+        .await
+        .unwrap();
+    let util: f64 = points.iter().filter_map(|p| p.utilization).sum::<f64>() / points.len() as f64;
+    assert!((util - 50.0).abs() < 1e-6 || points.len() > 1, "{points:?}");
+
+    // Three days of raw samples every minute and 100 days of rollups, as if
+    // the retention had been off: it deletes what it no longer keeps.
     sqlx::query(
         "INSERT INTO gpu_samples (gpu_id, at, utilization_pct, memory_used_mib, memory_total_mib, temperature_c)
-         SELECT $1, t, 50, 1024, 81920, 60 FROM generate_series(now() - interval '72 hours', now(), interval '1 minute') t",
+         SELECT $1, t, 50, 1024, 81920, 60
+         FROM generate_series(now() - interval '72 hours', now() - interval '1 minute', interval '1 minute') t",
     )
     .bind(gpu)
     .execute(&app.pool)
     .await
     .unwrap();
-    let keep = gpuslice::db::telemetry::Retention {
+    sqlx::query(
+        "INSERT INTO gpu_rollups (gpu_id, bucket, samples, lost_samples, utilization_sum, utilization_n,
+                                  temperature_sum, temperature_n, memory_used_sum, memory_used_n, power_sum, power_n)
+         SELECT $1, b, 30, 0, 1500, 30, 1800, 30, 30720, 30, 0, 0
+         FROM generate_series(now() - interval '100 days', now() - interval '1 day', interval '5 minutes') b
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(gpu)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let keep = Retention {
         raw_hours: 48,
         rollup_days: 90,
     };
-    let r = gpuslice::db::telemetry::rollup(&app.pool, keep)
-        .await
-        .unwrap();
-    assert!(r.deleted > 0);
-    let oldest_h: f64 = app
+    assert!(telemetry::prune(&app.pool, keep).await.unwrap() > 0);
+    let oldest_raw_h: f64 = app
         .one("SELECT EXTRACT(EPOCH FROM now() - min(at))::float8 / 3600 FROM gpu_samples")
         .await;
     assert!(
-        oldest_h <= 48.01,
-        "raw samples older than 48 h remain: {oldest_h}"
+        oldest_raw_h <= 48.01,
+        "raw samples older than 48 h remain: {oldest_raw_h}"
     );
-    // The first run rolls up what the raw window holds; later runs read
-    // only what is new, and never double a bucket.
-    let buckets: i64 = app.one("SELECT count(*) FROM gpu_rollups").await;
-    assert!(buckets >= 48 * 12 - 2, "{buckets}");
-    let again = gpuslice::db::telemetry::rollup(&app.pool, keep)
-        .await
-        .unwrap();
-    assert_eq!(again.gpu_buckets, 0);
-    let avg: f64 = app
-        .one("SELECT avg(utilization_avg)::float8 FROM gpu_rollups")
+    let oldest_rollup_d: f64 = app
+        .one("SELECT EXTRACT(EPOCH FROM now() - min(bucket))::float8 / 86400 FROM gpu_rollups")
         .await;
-    assert!((avg - 50.0).abs() < 1e-6);
-    // The history the pages draw: rollups plus the fresh tail.
-    let since = time::OffsetDateTime::now_utc() - time::Duration::hours(24);
-    let points = gpuslice::db::telemetry::gpu_history(&app.pool, &[gpu], since)
+    assert!(oldest_rollup_d <= 90.01, "{oldest_rollup_d}");
+    // A second pass finds nothing more to delete: the tables stay bounded.
+    assert_eq!(telemetry::prune(&app.pool, keep).await.unwrap(), 0);
+    // The pages' 24 hours come from the rollups: at most one point per 5 minutes.
+    let points = telemetry::gpu_history(&app.pool, &[gpu], since)
         .await
         .unwrap();
-    assert!((280..=292).contains(&points.len()), "{}", points.len());
+    assert!(points.len() <= 24 * 12 + 1, "{}", points.len());
     drop(node);
 }
 

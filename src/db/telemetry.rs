@@ -73,6 +73,41 @@ pub async fn record(
     )
     .execute(&mut *tx)
     .await?;
+    // The 5-minute rollup of the same round, kept up to date as it goes.
+    sqlx::query!(
+        "INSERT INTO gpu_rollups AS r (gpu_id, bucket, samples, lost_samples, utilization_sum, utilization_n,
+                                       utilization_max, temperature_sum, temperature_n, temperature_max,
+                                       memory_used_sum, memory_used_n, memory_used_max, power_sum, power_n)
+         SELECT id, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01'), 1, lost::int,
+                COALESCE(util, 0), (util IS NOT NULL)::int, util::real,
+                COALESCE(temp, 0), (temp IS NOT NULL)::int, temp::real,
+                COALESCE(used, 0), (used IS NOT NULL)::int, used::bigint,
+                COALESCE(power, 0), (power IS NOT NULL)::int
+         FROM unnest($1::bigint[], $2::bool[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+              AS u (id, lost, util, used, temp, power)
+         ON CONFLICT (gpu_id, bucket) DO UPDATE SET
+             samples = r.samples + 1,
+             lost_samples = r.lost_samples + EXCLUDED.lost_samples,
+             utilization_sum = r.utilization_sum + EXCLUDED.utilization_sum,
+             utilization_n = r.utilization_n + EXCLUDED.utilization_n,
+             utilization_max = GREATEST(r.utilization_max, EXCLUDED.utilization_max),
+             temperature_sum = r.temperature_sum + EXCLUDED.temperature_sum,
+             temperature_n = r.temperature_n + EXCLUDED.temperature_n,
+             temperature_max = GREATEST(r.temperature_max, EXCLUDED.temperature_max),
+             memory_used_sum = r.memory_used_sum + EXCLUDED.memory_used_sum,
+             memory_used_n = r.memory_used_n + EXCLUDED.memory_used_n,
+             memory_used_max = GREATEST(r.memory_used_max, EXCLUDED.memory_used_max),
+             power_sum = r.power_sum + EXCLUDED.power_sum,
+             power_n = r.power_n + EXCLUDED.power_n",
+        &ids,
+        &lost,
+        &util as &[Option<f64>],
+        &used as &[Option<f64>],
+        &temp as &[Option<f64>],
+        &power as &[Option<f64>],
+    )
+    .execute(&mut *tx)
+    .await?;
     if !bookings.is_empty() {
         let b: Vec<i64> = bookings.iter().map(|s| s.booking_id).collect();
         let g: Vec<i64> = bookings.iter().map(|s| s.gpu_id).collect();
@@ -86,6 +121,26 @@ pub async fn record(
              ON CONFLICT DO NOTHING",
             &b,
             &g,
+            &u,
+            &l,
+            &p as &[Option<f32>]
+        )
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query!(
+            "INSERT INTO instance_rollups AS r (booking_id, bucket, samples, memory_used_sum, memory_used_max,
+                                                memory_limit_mib, utilization_sum, utilization_n)
+             SELECT b, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01'), 1, u, u, l,
+                    COALESCE(p, 0), (p IS NOT NULL)::int
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::real[]) AS x (b, u, l, p)
+             ON CONFLICT (booking_id, bucket) DO UPDATE SET
+                 samples = r.samples + 1,
+                 memory_used_sum = r.memory_used_sum + EXCLUDED.memory_used_sum,
+                 memory_used_max = GREATEST(r.memory_used_max, EXCLUDED.memory_used_max),
+                 memory_limit_mib = GREATEST(r.memory_limit_mib, EXCLUDED.memory_limit_mib),
+                 utilization_sum = r.utilization_sum + EXCLUDED.utilization_sum,
+                 utilization_n = r.utilization_n + EXCLUDED.utilization_n",
+            &b,
             &u,
             &l,
             &p as &[Option<f32>]
@@ -173,74 +228,13 @@ impl Default for Retention {
     }
 }
 
-/// What one rollup run did.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Rolled {
-    pub gpu_buckets: u64,
-    pub booking_buckets: u64,
-    pub deleted: u64,
-}
-
-/// Rolls the samples of complete 5-minute buckets (a minute's margin for
-/// late commits) that arrived since the last run into means and maxima,
-/// then deletes what the retention no longer keeps. Each run reads only
-/// the new samples, so its cost does not grow with history.
-pub async fn rollup(db: &PgPool, keep: Retention) -> sqlx::Result<Rolled> {
+/// Deletes what the retention no longer keeps: raw samples after
+/// `raw_hours`, rollups and driver events after `rollup_days`,
+/// notifications after a month (and gives up those nobody sent in a day).
+/// Deletion is by indexed time, so its cost follows what expires, not the
+/// history kept. Returns the rows deleted.
+pub async fn prune(db: &PgPool, keep: Retention) -> sqlx::Result<u64> {
     let mut tx = db.begin().await?;
-    // One roller at a time (several processes may run the watcher).
-    sqlx::query!("SELECT pg_advisory_xact_lock(7715001)")
-        .execute(&mut *tx)
-        .await?;
-    let upto: OffsetDateTime = sqlx::query_scalar!(
-        r#"SELECT date_bin('5 minutes', now() - interval '1 minute', TIMESTAMPTZ '2000-01-01') AS "t!""#
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    let from = |name: &'static str| {
-        sqlx::query_scalar!(
-            r#"SELECT COALESCE((SELECT done_until FROM rollup_marks WHERE name = $1),
-                               date_bin('5 minutes', now() - make_interval(hours => $2::int),
-                                        TIMESTAMPTZ '2000-01-01')) AS "t!""#,
-            name,
-            keep.raw_hours as i32
-        )
-    };
-    let gpu_from: OffsetDateTime = from("gpu").fetch_one(&mut *tx).await?;
-    let gpu = sqlx::query!(
-        "INSERT INTO gpu_rollups (gpu_id, bucket, samples, lost_samples, utilization_avg, utilization_max,
-                                  temperature_avg, temperature_max, memory_used_avg, memory_used_max, power_avg)
-         SELECT gpu_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), count(*), count(*) FILTER (WHERE lost),
-                avg(utilization_pct), max(utilization_pct), avg(temperature_c), max(temperature_c),
-                avg(memory_used_mib), max(memory_used_mib), avg(power_w)
-         FROM gpu_samples WHERE at >= $1 AND at < $2
-         GROUP BY 1, 2
-         ON CONFLICT (gpu_id, bucket) DO NOTHING",
-        gpu_from,
-        upto
-    )
-    .execute(&mut *tx)
-    .await?;
-    let booking_from: OffsetDateTime = from("instance").fetch_one(&mut *tx).await?;
-    let booking = sqlx::query!(
-        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_avg, memory_used_max,
-                                       memory_limit_mib, utilization_avg)
-         SELECT booking_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), count(*),
-                avg(memory_used_mib), max(memory_used_mib), max(memory_limit_mib), avg(utilization_pct)
-         FROM instance_samples WHERE at >= $1 AND at < $2
-         GROUP BY 1, 2
-         ON CONFLICT (booking_id, bucket) DO NOTHING",
-        booking_from,
-        upto
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "INSERT INTO rollup_marks (name, done_until) VALUES ('gpu', $1), ('instance', $1)
-         ON CONFLICT (name) DO UPDATE SET done_until = GREATEST(rollup_marks.done_until, EXCLUDED.done_until)",
-        upto
-    )
-    .execute(&mut *tx)
-    .await?;
     let raw = keep.raw_hours as i32;
     let days = keep.rollup_days as i32;
     let mut deleted = 0;
@@ -280,18 +274,13 @@ pub async fn rollup(db: &PgPool, keep: Retention) -> sqlx::Result<Rolled> {
     .await?
     .rows_affected();
     crate::db::notify::expire_unsent(&mut *tx).await?;
-    // Notifications are kept for a month (sent or not).
     deleted +=
         sqlx::query!("DELETE FROM notifications WHERE created_at < now() - interval '30 days'")
             .execute(&mut *tx)
             .await?
             .rows_affected();
     tx.commit().await?;
-    Ok(Rolled {
-        gpu_buckets: gpu.rows_affected(),
-        booking_buckets: booking.rows_affected(),
-        deleted,
-    })
+    Ok(deleted)
 }
 
 /// One point of a GPU's history.
@@ -305,8 +294,8 @@ pub struct GpuPoint {
     pub lost: bool,
 }
 
-/// The history of GPUs since `since` in 5-minute points: the rollups, and
-/// the samples not yet rolled up averaged the same way.
+/// The history of GPUs since `since` in 5-minute points (the last one
+/// is the bucket filling now).
 pub async fn gpu_history(
     db: impl PgExecutor<'_>,
     gpu_ids: &[i64],
@@ -314,18 +303,13 @@ pub async fn gpu_history(
 ) -> sqlx::Result<Vec<GpuPoint>> {
     sqlx::query_as!(
         GpuPoint,
-        r#"WITH mark AS (SELECT COALESCE((SELECT done_until FROM rollup_marks WHERE name = 'gpu'),
-                                        TIMESTAMPTZ '-infinity') AS t)
-           SELECT gpu_id AS "gpu_id!", bucket AS "at!", utilization_avg::float8 AS utilization,
-                  temperature_avg::float8 AS temperature, memory_used_avg::float8 AS memory_used_mib,
+        r#"SELECT gpu_id, bucket AS at,
+                  utilization_sum / NULLIF(utilization_n, 0) AS utilization,
+                  temperature_sum / NULLIF(temperature_n, 0) AS temperature,
+                  memory_used_sum / NULLIF(memory_used_n, 0) AS memory_used_mib,
                   lost_samples = samples AS "lost!"
-           FROM gpu_rollups, mark WHERE gpu_id = ANY($1) AND bucket >= $2 AND bucket < mark.t
-           UNION ALL
-           SELECT gpu_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01'), avg(utilization_pct)::float8,
-                  avg(temperature_c)::float8, avg(memory_used_mib)::float8, bool_and(lost)
-           FROM gpu_samples, mark WHERE gpu_id = ANY($1) AND at >= GREATEST($2, mark.t)
-           GROUP BY 1, 2
-           ORDER BY 1, 2"#,
+           FROM gpu_rollups WHERE gpu_id = ANY($1) AND bucket >= $2
+           ORDER BY gpu_id, bucket"#,
         gpu_ids,
         since
     )
@@ -352,8 +336,8 @@ pub async fn booking_history(
     sqlx::query_as!(
         BookingPoint,
         r#"WITH raw_from AS (SELECT COALESCE(min(at), 'infinity') AS t FROM instance_samples WHERE booking_id = $1)
-           SELECT bucket AS "at!", memory_used_avg::float8 AS "memory_used_mib!", memory_limit_mib AS "memory_limit_mib!",
-                  utilization_avg::float8 AS utilization
+           SELECT bucket AS "at!", memory_used_sum / samples AS "memory_used_mib!", memory_limit_mib AS "memory_limit_mib!",
+                  utilization_sum / NULLIF(utilization_n, 0) AS utilization
            FROM instance_rollups, raw_from
            WHERE booking_id = $1 AND bucket + interval '5 minutes' <= raw_from.t
            UNION ALL

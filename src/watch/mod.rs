@@ -1,5 +1,5 @@
 //! Watching the fleet: the alert rules evaluated over the latest
-//! telemetry, the rollups and retention of the samples, and (in
+//! telemetry, the retention of the samples, and (in
 //! [`notifier`]) the sending of notifications.
 //!
 //! The watcher runs in every process that serves or drives GPUs; one
@@ -25,8 +25,8 @@ use crate::domain::alerts::{evaluate, Change, Observation, Rule, Severity, Subje
 pub struct Settings {
     /// How often rules are evaluated (the telemetry interval).
     pub every: Duration,
-    /// How often rollups and retention run.
-    pub rollup_every: Duration,
+    /// How often the retention runs.
+    pub prune_every: Duration,
     pub retention: db::telemetry::Retention,
 }
 
@@ -34,35 +34,28 @@ impl Settings {
     pub fn new(telemetry_interval_secs: u64) -> Settings {
         Settings {
             every: Duration::from_secs(telemetry_interval_secs.max(1)),
-            rollup_every: Duration::from_secs(60),
+            prune_every: Duration::from_secs(60),
             retention: db::telemetry::Retention::default(),
         }
     }
 }
 
-/// Evaluates the rules every `settings.every` and rolls samples up every
-/// `settings.rollup_every`, until the task is dropped.
+/// Evaluates the rules every `settings.every` and applies the retention
+/// every `settings.prune_every`, until the task is dropped.
 pub async fn run(pool: PgPool, settings: Settings) {
     let mut tick = tokio::time::interval(settings.every);
-    let mut last_rollup = std::time::Instant::now() - settings.rollup_every;
+    let mut last_prune = std::time::Instant::now() - settings.prune_every;
     loop {
         tick.tick().await;
         if let Err(e) = evaluate_all(&pool, settings.every.as_secs_f64()).await {
             tracing::warn!(error = format!("{e:#}"), "alert evaluation failed");
         }
-        if last_rollup.elapsed() >= settings.rollup_every {
-            last_rollup = std::time::Instant::now();
-            match db::telemetry::rollup(&pool, settings.retention).await {
-                Ok(r) if r.deleted > 0 || r.gpu_buckets > 0 => {
-                    tracing::debug!(
-                        gpu_buckets = r.gpu_buckets,
-                        booking_buckets = r.booking_buckets,
-                        deleted = r.deleted,
-                        "telemetry rolled up"
-                    )
-                }
+        if last_prune.elapsed() >= settings.prune_every {
+            last_prune = std::time::Instant::now();
+            match db::telemetry::prune(&pool, settings.retention).await {
+                Ok(n) if n > 0 => tracing::debug!(deleted = n, "telemetry retention"),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "telemetry rollup failed"),
+                Err(e) => tracing::warn!(error = %e, "telemetry retention failed"),
             }
         }
     }
