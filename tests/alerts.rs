@@ -75,6 +75,26 @@ async fn wait_state(app: &TestApp, rule: &str, want: &str) {
     .await;
 }
 
+/// A 1-hour MIG booking of `profile` in tenant `lab`, placed now.
+async fn book_mig(app: &TestApp, who: &booking::Requester, profile: &str) -> i64 {
+    let req = BookingInput {
+        tenant: "lab".into(),
+        kind: "mig".into(),
+        profile: profile.into(),
+        hours: "1".into(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    match booking::create(&app.pool, who, &req, None, &Default::default())
+        .await
+        .unwrap()
+    {
+        Created::New(b) => b.id,
+        Created::Replayed(_) => unreachable!(),
+    }
+}
+
 async fn setup(tag: &str) -> (TestApp, WorkerProcess) {
     let app = TestApp::spawn().await;
     let w = WorkerProcess::new(&app, tag, "w1", FLEET);
@@ -151,22 +171,7 @@ async fn every_default_rule_fires_and_resolves_through_gpuslice_sim() {
     app.tenant("lab").await;
     app.user("ana@uni.edu", "none", &["lab"]).await;
     let who = common::member(&app, "ana@uni.edu", "lab").await;
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "1g.10gb".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let id = match booking::create(&app.pool, &who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    };
+    let id = book_mig(&app, &who, "1g.10gb").await;
     wait_for("active", || async {
         common::booking_status(&app, id).await == "active"
     })
@@ -528,22 +533,7 @@ async fn metrics_parse_and_carry_dcgm_names_tenant_and_booking() {
         app.one::<i64>("SELECT count(*) FROM gpus").await == 2
     })
     .await;
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "3g.40gb".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let id = match booking::create(&app.pool, &who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    };
+    let id = book_mig(&app, &who, "3g.40gb").await;
     wait_for("a booking sample", || async {
         app.one::<i64>(&format!(
             "SELECT count(*) FROM instance_samples WHERE booking_id = {id}"
@@ -788,27 +778,13 @@ async fn admins_edit_rules_in_a_form_and_people_see_only_their_alerts() {
     // Alerts: one on a GPU, one on ana's booking.
     let node = common::SimNode::register(&app, FLEET, "w1", 4).await;
     let who = common::member(&app, "ana@uni.edu", "lab").await;
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "1g.10gb".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let Created::New(b) = booking::create(&app.pool, &who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    else {
-        unreachable!()
-    };
+    let booking_id = book_mig(&app, &who, "1g.10gb").await;
     sqlx::query(
         "INSERT INTO alerts (rule, severity, state, node, gpu_uuid, booking_id, value, message, fired_at)
          VALUES ('gpu_lost', 'critical', 'firing', 'w1', 'GPU-x', NULL, 1, 'lost <b>', now()),
                 ('instance_memory_near_limit', 'warning', 'firing', 'w1', 'GPU-x', $1, 95, 'near', now())",
     )
-    .bind(b.id)
+    .bind(booking_id)
     .execute(&app.pool)
     .await
     .unwrap();
@@ -823,7 +799,7 @@ async fn admins_edit_rules_in_a_form_and_people_see_only_their_alerts() {
         .await
         .unwrap();
     assert_eq!(mine.as_array().unwrap().len(), 1, "{mine}");
-    assert_eq!(mine[0]["subject"]["booking_id"], b.id);
+    assert_eq!(mine[0]["subject"]["booking_id"], booking_id);
     assert_eq!(mine[0]["severity"], "warning");
     let all: serde_json::Value = admin
         .get(app.url("/api/v1/alerts?state=all"))

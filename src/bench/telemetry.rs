@@ -70,10 +70,12 @@ pub async fn run(database: &Database, p: &Params) -> Result<()> {
     let pool = db::connect(options.clone().database(&scratch)).await?;
     let result = measure(&pool, p).await;
     pool.close().await;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {scratch}"))
+    let dropped = sqlx::query(&format!("DROP DATABASE IF EXISTS {scratch} WITH (FORCE)"))
         .execute(&mut admin)
-        .await?;
-    result
+        .await;
+    result?;
+    dropped?;
+    Ok(())
 }
 
 async fn measure(pool: &PgPool, p: &Params) -> Result<()> {
@@ -271,8 +273,9 @@ async fn fleet(pool: &PgPool, p: &Params) -> Result<()> {
     let buckets = sqlx::query(
         "CREATE TEMP TABLE batch_rollup AS
          SELECT gpu_id, date_bin('5 minutes', at, TIMESTAMPTZ '2000-01-01') AS bucket, count(*) AS samples,
-                avg(utilization_pct), max(utilization_pct), avg(temperature_c), max(temperature_c),
-                avg(memory_used_mib), max(memory_used_mib), avg(power_w)
+                avg(utilization_pct) AS u, max(utilization_pct) AS um, avg(temperature_c) AS t,
+                max(temperature_c) AS tm, avg(memory_used_mib) AS m, max(memory_used_mib) AS mm,
+                avg(power_w) AS p
          FROM gpu_samples WHERE at >= now() - interval '24 hours'
          GROUP BY 1, 2",
     )

@@ -69,21 +69,7 @@ pub async fn email_user(
     user_id: i64,
     m: &Message<'_>,
 ) -> sqlx::Result<bool> {
-    let n = sqlx::query!(
-        "INSERT INTO notifications (channel, recipient, user_id, topic, subject, body, alert_id, booking_id)
-         SELECT 'email', u.email, u.id, $2, $3, $4, $5, $6 FROM users u
-         WHERE u.id = $1 AND NOT u.disabled
-           AND COALESCE((SELECT email FROM notification_prefs p WHERE p.user_id = u.id AND p.topic = $2), true)",
-        user_id,
-        m.topic,
-        m.subject,
-        m.body,
-        m.alert_id,
-        m.booking_id
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(n.rows_affected() == 1)
+    Ok(email(tx, Some(user_id), m).await? == 1)
 }
 
 /// Queues an e-mail to every admin who wants this topic.
@@ -91,11 +77,23 @@ pub async fn email_admins(
     tx: &mut Transaction<'_, Postgres>,
     m: &Message<'_>,
 ) -> sqlx::Result<u64> {
+    email(tx, None, m).await
+}
+
+/// One person (`Some`) or every admin (`None`), each if they want the
+/// topic (no choice made means yes) and are not disabled.
+async fn email(
+    tx: &mut Transaction<'_, Postgres>,
+    user_id: Option<i64>,
+    m: &Message<'_>,
+) -> sqlx::Result<u64> {
     let n = sqlx::query!(
         "INSERT INTO notifications (channel, recipient, user_id, topic, subject, body, alert_id, booking_id)
-         SELECT 'email', u.email, u.id, $1, $2, $3, $4, $5 FROM users u
-         WHERE u.global_role = 'admin' AND NOT u.disabled
-           AND COALESCE((SELECT email FROM notification_prefs p WHERE p.user_id = u.id AND p.topic = $1), true)",
+         SELECT 'email', u.email, u.id, $2, $3, $4, $5, $6 FROM users u
+         WHERE NOT u.disabled
+           AND (u.id = $1 OR ($1::bigint IS NULL AND u.global_role = 'admin'))
+           AND COALESCE((SELECT email FROM notification_prefs p WHERE p.user_id = u.id AND p.topic = $2), true)",
+        user_id,
         m.topic,
         m.subject,
         m.body,
