@@ -126,12 +126,32 @@ pub async fn sample_once(
                             .sum::<u64>()
                     })
                     .unwrap_or(0);
+                // Its utilisation: NVML's per-process samples of the last
+                // half minute (the busiest sample of each of its processes,
+                // summed), where the driver gives them.
+                let since_us = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_micros() as u64)
+                    .unwrap_or(0)
+                    .saturating_sub(30_000_000);
+                let utilization_pct = backend
+                    .process_utilization(&h.gpu_uuid, since_us)
+                    .ok()
+                    .flatten()
+                    .map(|samples| {
+                        let mut busiest: HashMap<u32, u32> = HashMap::new();
+                        for (pid, sm) in samples.into_iter().filter(|(p, _)| mine.contains(p)) {
+                            let b = busiest.entry(pid).or_default();
+                            *b = (*b).max(sm);
+                        }
+                        busiest.values().sum::<u32>().min(100) as f32
+                    });
                 bookings.push(BookingSample {
                     booking_id: h.id,
                     gpu_id: h.gpu_id,
                     memory_used_mib: used as i64,
                     memory_limit_mib: limit,
-                    utilization_pct: None,
+                    utilization_pct,
                 });
             }
         }
