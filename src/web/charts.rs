@@ -49,6 +49,21 @@ pub fn sparkline(
         if !path.is_empty() {
             let _ = write!(out, r#"<path d="{}" fill="none"/>"#, path.trim_end());
         }
+        // The latest value as a dot, so that even a short history shows.
+        if let Some((i, v)) = values
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, v)| v.map(|v| (i, v)))
+        {
+            let x = i as f64 * step;
+            let y = f64::from(h) - 1.0 - (v / max).clamp(0.0, 1.0) * (f64::from(h) - 2.0);
+            let _ = write!(
+                out,
+                r#"<circle cx="{:.1}" cy="{y:.1}" r="1.8"/>"#,
+                x.min(f64::from(w) - 2.0)
+            );
+        }
     }
     out.push_str("</svg>");
     out
@@ -66,6 +81,20 @@ pub struct Series<'a> {
 /// with `unit`, with a legend and the time range underneath.
 pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> String {
     let (w, h, left, bottom) = (720.0_f64, 200.0_f64, 48.0_f64, 22.0_f64);
+    if !series
+        .iter()
+        .any(|s| s.points.iter().any(|p| p.1.is_some()))
+    {
+        return format!(
+            r#"<p class="muted">{}: nothing reported yet{}.</p>"#,
+            esc(title),
+            if series.iter().any(|s| !s.points.is_empty()) {
+                " (a GPU in MIG mode reports no whole-GPU utilisation)"
+            } else {
+                ""
+            }
+        );
+    }
     let times = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let (t0, t1) = match (times.clone().min(), times.max()) {
         (Some(a), Some(b)) => (a, b),
@@ -221,6 +250,6 @@ mod tests {
             "%",
             "Use",
         );
-        assert!(c.contains("no samples yet"));
+        assert!(c.contains("nothing reported yet"));
     }
 }

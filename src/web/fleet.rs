@@ -280,8 +280,8 @@ async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), A
             charts::sparkline(
                 &util,
                 100.0,
-                96,
-                18,
+                72,
+                16,
                 "spark-util",
                 &format!(
                     "utilisation, last 24 h{}",
@@ -293,8 +293,8 @@ async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), A
             charts::sparkline(
                 &temp,
                 100.0,
-                96,
-                18,
+                72,
+                16,
                 "spark-temp",
                 &format!(
                     "temperature, last 24 h{}",
@@ -306,8 +306,8 @@ async fn watch_views(pool: &sqlx::PgPool, views: &mut [GpuView]) -> Result<(), A
             charts::sparkline(
                 &mem,
                 total,
-                96,
-                18,
+                72,
+                16,
                 "spark-mem",
                 &format!(
                     "memory used, last 24 h{}",
