@@ -358,7 +358,11 @@ pub async fn gpu(
             }],
             100.0,
             " %",
-            "Utilisation, last 24 hours",
+            if gpu.mig_current {
+                "Utilisation, last 24 hours (in MIG mode the GPU reports none as a whole; see its bookings)"
+            } else {
+                "Utilisation, last 24 hours"
+            },
         ),
         charts::line_chart(
             &[Series {

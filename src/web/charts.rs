@@ -86,13 +86,8 @@ pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> Str
         .any(|s| s.points.iter().any(|p| p.1.is_some()))
     {
         return format!(
-            r#"<p class="muted">{}: nothing reported yet{}.</p>"#,
-            esc(title),
-            if series.iter().any(|s| !s.points.is_empty()) {
-                " (a GPU in MIG mode reports no whole-GPU utilisation)"
-            } else {
-                ""
-            }
+            r#"<p class="muted">{}: nothing reported yet.</p>"#,
+            esc(title)
         );
     }
     let times = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
