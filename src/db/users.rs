@@ -112,10 +112,13 @@ pub async fn insert(
 }
 
 /// Enables or disables an account. Disabling moves the session epoch, which
-/// ends every session of the user at its next request.
+/// ends every session of the user at its next request, and revokes every
+/// API token (enabling again does not bring them back).
 pub async fn set_disabled(db: impl PgExecutor<'_>, id: i64, disabled: bool) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE users SET disabled = $2,
+        "WITH revoked AS (UPDATE api_tokens SET revoked_at = now()
+                          WHERE user_id = $1 AND $2 AND revoked_at IS NULL)
+         UPDATE users SET disabled = $2,
              session_epoch = session_epoch + CASE WHEN $2 THEN 1 ELSE 0 END
          WHERE id = $1",
         id,
@@ -126,10 +129,12 @@ pub async fn set_disabled(db: impl PgExecutor<'_>, id: i64, disabled: bool) -> s
     Ok(r.rows_affected() == 1)
 }
 
-/// Sets a new password hash and ends the user's other sessions.
+/// Sets a new password hash, ends the user's other sessions and revokes
+/// their API tokens (a reset usually means the account was at risk).
 pub async fn set_password(db: impl PgExecutor<'_>, id: i64, hash: &str) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE users SET password_hash = $2, session_epoch = session_epoch + 1,
+        "WITH revoked AS (UPDATE api_tokens SET revoked_at = now() WHERE user_id = $1 AND revoked_at IS NULL)
+         UPDATE users SET password_hash = $2, session_epoch = session_epoch + 1,
              failed_logins = 0
          WHERE id = $1",
         id,

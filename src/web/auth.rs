@@ -176,10 +176,21 @@ pub struct NextQuery {
     pub next: Option<String>,
 }
 
-/// Only same-site paths are followed after sign-in (no open redirect).
-fn safe_next(next: Option<&str>) -> String {
+/// Only same-site paths are followed after sign-in (no open redirect):
+/// browsers drop tabs and newlines from URLs and read `\\` as `/`, so
+/// `/\t/evil.example` is `//evil.example` to them. A path with a control
+/// character, a backslash or a leading `//` (after that normalisation),
+/// or longer than 2,000 bytes, is refused for `/`.
+pub fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
+        Some(n)
+            if n.starts_with('/')
+                && n.len() <= 2000
+                && !n.chars().any(|c| c.is_control() || c == '\\')
+                && !n.starts_with("//") =>
+        {
+            n.to_string()
+        }
         _ => "/".to_string(),
     }
 }

@@ -130,6 +130,66 @@ async fn security_headers(req: Request, next: Next) -> Response {
     resp
 }
 
+/// Most bytes of a request body read to check it (forms and JSON are small).
+const MAX_CHECKED_BODY: usize = 2 * 1024 * 1024;
+
+/// Refuses text with NUL characters at the edge (PostgreSQL cannot store
+/// them, so they would otherwise reach a query and fail there): in the
+/// path, the query string, and form or JSON bodies. Answers 400 with a
+/// sentence; nothing behind it runs.
+async fn reject_nul(req: Request, next: Next) -> Response {
+    use axum::response::IntoResponse;
+    let refuse = || {
+        error::AppError::BadRequest(
+            "text may not contain NUL characters (\\0); remove them and try again".into(),
+        )
+        .into_response()
+    };
+    let has_nul = |s: &str| s.to_ascii_lowercase().contains("%00");
+    if has_nul(req.uri().path()) || req.uri().query().is_some_and(has_nul) {
+        return refuse();
+    }
+    let kind = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let form = kind.starts_with("application/x-www-form-urlencoded");
+    let json = kind.starts_with("application/json");
+    if !form && !json {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_CHECKED_BODY).await else {
+        return error::AppError::BadRequest("the request body is too large".into()).into_response();
+    };
+    let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+    if (form && text.contains("%00")) || (json && (text.contains("\\u0000") || bytes.contains(&0)))
+    {
+        return refuse();
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
+/// HSTS when served over HTTPS (`--secure-cookies`): browsers then never
+/// try plain HTTP for a year.
+async fn hsts(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let mut resp = next.run(req).await;
+    if state.settings.secure_cookies {
+        resp.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000; includeSubDomains"),
+        );
+    }
+    resp
+}
+
 async fn not_found() -> error::AppError {
     error::AppError::NotFound
 }
@@ -162,9 +222,11 @@ pub fn router(state: AppState) -> Router {
         // Layers run bottom-up on the way in: the request id first, the
         // CSRF check last, right before the handler.
         .layer(middleware::from_fn(csrf::protect))
+        .layer(middleware::from_fn(reject_nul))
         .layer(sessions)
         .layer(middleware::from_fn(error::render_errors))
         .layer(middleware::from_fn(security_headers))
+        .layer(middleware::from_fn_with_state(state.clone(), hsts))
         .layer(middleware::from_fn_with_state(state.clone(), ops::track))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(

@@ -92,7 +92,11 @@ impl Metrics {
 
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let method = req.method().to_string();
+    // A closed set of labels: invented methods must not add series.
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS") => m.to_string(),
+        _ => "other".to_string(),
+    };
     let route = req
         .extensions()
         .get::<MatchedPath>()
