@@ -162,3 +162,16 @@ async fn hsts_only_over_https() {
         "max-age=31536000; includeSubDomains"
     );
 }
+
+#[tokio::test]
+async fn overlong_sign_in_addresses_are_refused_before_any_write() {
+    let app = TestApp::spawn().await;
+    let long = format!("{}@uni.edu", "a".repeat(4000));
+    let r = app.login_as(&app.client(), &long, PASSWORD).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap().contains("at most 254 characters"));
+    let rows: i64 = app
+        .one("SELECT (SELECT count(*) FROM audit_log) + (SELECT count(*) FROM login_throttle)")
+        .await;
+    assert_eq!(rows, 0);
+}

@@ -223,6 +223,9 @@ pub struct LoginForm {
     next: Option<String>,
 }
 
+/// The longest e-mail address (RFC 5321's path limit).
+const MAX_EMAIL_LEN: usize = 254;
+
 pub async fn login(
     State(state): State<AppState>,
     session: Session,
@@ -231,6 +234,19 @@ pub async fn login(
 ) -> Result<Response, AppError> {
     let addr = parts.client_addr;
     let next = safe_next(form.next.as_deref());
+    // No address is longer (RFC 5321); a longer one is refused before it
+    // reaches the throttle table or the audit log.
+    if form.email.trim().len() > MAX_EMAIL_LEN {
+        let page = LoginPage {
+            ctx: PageCtx::new(&session, None).await?,
+            email: String::new(),
+            next,
+            error: Some(format!(
+                "An e-mail address has at most {MAX_EMAIL_LEN} characters."
+            )),
+        };
+        return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
+    }
     let email_key = form.email.trim().to_lowercase();
     let ip_key = format!("ip:{addr}");
     let account_key = format!("account:{email_key}");
