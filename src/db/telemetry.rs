@@ -6,9 +6,6 @@ use time::OffsetDateTime;
 
 use crate::gpu::Telemetry;
 
-/// The bucket of the rollups.
-pub const BUCKET_SECS: i64 = 300;
-
 /// How old a sample may be and still say something about now: three
 /// sampling intervals, at least 30 s (one rule for the alerts and `/metrics`).
 pub fn fresh_secs(interval_secs: f64) -> f64 {
@@ -360,6 +357,8 @@ pub struct Latest {
     pub idx: i32,
     pub uuid: String,
     pub model: String,
+    /// The driver's product name.
+    pub product: String,
     pub at: OffsetDateTime,
     pub lost: bool,
     pub utilization_pct: Option<f32>,
@@ -377,7 +376,7 @@ pub struct Latest {
 pub async fn latest(db: impl PgExecutor<'_>, fresh_secs: f64) -> sqlx::Result<Vec<Latest>> {
     sqlx::query_as!(
         Latest,
-        r#"SELECT g.id AS gpu_id, n.name AS node, g.idx, g.uuid, g.model, s.at, s.lost, s.utilization_pct,
+        r#"SELECT g.id AS gpu_id, n.name AS node, g.idx, g.uuid, g.model, g.product, s.at, s.lost, s.utilization_pct,
                   s.memory_used_mib, s.memory_total_mib, s.temperature_c, s.power_w, s.ecc_uncorrectable,
                   s.sm_clock_mhz, s.mem_clock_mhz,
                   (SELECT code FROM gpu_events e WHERE e.gpu_id = g.id AND e.kind = 'xid'
@@ -403,6 +402,7 @@ pub struct LatestBooking {
     pub idx: i32,
     pub gpu_uuid: String,
     pub model: String,
+    pub product: String,
     pub device_uuid: Option<String>,
     pub profile: Option<String>,
     pub gi_placement: Option<i32>,
@@ -419,7 +419,7 @@ pub async fn latest_bookings(
     sqlx::query_as!(
         LatestBooking,
         r#"SELECT b.id AS booking_id, g.id AS gpu_id, n.name AS node, g.idx, g.uuid AS gpu_uuid, g.model,
-                  b.device_uuid, b.profile, lower(b.slices) AS gi_placement, t.slug AS tenant,
+                  g.product, b.device_uuid, b.profile, lower(b.slices) AS gi_placement, t.slug AS tenant,
                   s.memory_used_mib, s.memory_limit_mib, s.utilization_pct
            FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
            JOIN tenants t ON t.id = b.tenant_id
@@ -481,17 +481,5 @@ pub async fn ended_with_open_memory_alerts(
     Ok(rows
         .into_iter()
         .map(|r| (r.node, r.gpu_uuid, r.booking_id))
-        .collect())
-}
-
-/// The driver's product name of every GPU, by uuid.
-pub async fn products(
-    db: impl PgExecutor<'_>,
-) -> sqlx::Result<std::collections::HashMap<String, String>> {
-    Ok(sqlx::query!("SELECT uuid, product FROM gpus")
-        .fetch_all(db)
-        .await?
-        .into_iter()
-        .map(|p| (p.uuid, p.product))
         .collect())
 }

@@ -61,6 +61,9 @@ pub async fn run(pool: PgPool, settings: Settings) {
     }
 }
 
+/// A GPU's value for a rule, from its latest sample.
+type ValueOf = fn(&db::telemetry::Latest) -> Option<f64>;
+
 fn gpu_subject(node: &str, uuid: &str) -> Subject {
     Subject {
         node: Some(node.to_string()),
@@ -69,14 +72,14 @@ fn gpu_subject(node: &str, uuid: &str) -> Subject {
     }
 }
 
-/// What each rule sees now. `fresh_secs` is the sampling interval: a
-/// sample older than [`db::telemetry::fresh_secs`] says nothing about now.
+/// What each rule sees now. `interval_secs` is the sampling interval: a
+/// sample older than [`db::telemetry::fresh_secs`] of it says nothing about now.
 async fn observe(
     tx: &mut Transaction<'_, Postgres>,
     rules: &[Rule],
-    fresh_secs: f64,
+    interval_secs: f64,
 ) -> anyhow::Result<HashMap<String, Vec<Observation>>> {
-    let fresh = db::telemetry::fresh_secs(fresh_secs);
+    let fresh = db::telemetry::fresh_secs(interval_secs);
     let latest = db::telemetry::latest(&mut **tx, fresh).await?;
     let mut out: HashMap<String, Vec<Observation>> = HashMap::new();
     let threshold = |name: &str| {
@@ -86,73 +89,48 @@ async fn observe(
             .map(|r| (r.threshold, r.for_secs))
     };
     let gpu_name = |l: &db::telemetry::Latest| format!("{} GPU {} ({})", l.node, l.idx, l.model);
-    if let Some((t, _)) = threshold("gpu_temperature_high") {
-        out.insert(
-            "gpu_temperature_high".into(),
-            latest
-                .iter()
-                .filter(|l| !l.lost)
-                .map(|l| {
-                    // A fresh sample without the value clears the alert.
-                    let v = l.temperature_c.map(f64::from);
-                    Observation {
-                        subject: gpu_subject(&l.node, &l.uuid),
-                        value: v.unwrap_or(0.0),
-                        breach: v.is_some_and(|v| v > t),
-                        message: format!(
-                            "{} is at {:.0} °C (above {t:.0} °C)",
-                            gpu_name(l),
-                            v.unwrap_or(0.0)
-                        ),
-                    }
-                })
-                .collect(),
-        );
-    }
-    if let Some((t, _)) = threshold("gpu_utilization_high") {
-        out.insert(
-            "gpu_utilization_high".into(),
-            latest
-                .iter()
-                .filter(|l| !l.lost)
-                .map(|l| {
-                    // Whole-GPU utilisation is not reported in MIG mode:
-                    // a fresh sample without it clears the alert.
-                    let v = l.utilization_pct.map(f64::from);
-                    Observation {
-                        subject: gpu_subject(&l.node, &l.uuid),
-                        value: v.unwrap_or(0.0),
-                        breach: v.is_some_and(|v| v > t),
-                        message: format!(
-                            "{} is {:.0} % busy (above {t:.0} %)",
-                            gpu_name(l),
-                            v.unwrap_or(0.0)
-                        ),
-                    }
-                })
-                .collect(),
-        );
-    }
-    if let Some((t, _)) = threshold("gpu_ecc_uncorrectable") {
-        out.insert(
-            "gpu_ecc_uncorrectable".into(),
-            latest
-                .iter()
-                .filter(|l| !l.lost)
-                .map(|l| {
-                    let v = l.ecc_uncorrectable.unwrap_or(0) as f64;
-                    Observation {
-                        subject: gpu_subject(&l.node, &l.uuid),
-                        value: v,
-                        breach: v > t,
-                        message: format!(
-                            "{} has {v:.0} uncorrectable ECC errors since its last reset: drain it and reset it",
-                            gpu_name(l)
-                        ),
-                    }
-                })
-                .collect(),
-        );
+    // The three value rules of an answering GPU: a fresh sample without
+    // the value (no whole-GPU utilisation in MIG mode) clears the alert.
+    let value_rules: [(&str, ValueOf, &str); 3] = [
+        (
+            "gpu_temperature_high",
+            |l| l.temperature_c.map(f64::from),
+            "is at {v} °C (above {t} °C)",
+        ),
+        (
+            "gpu_utilization_high",
+            |l| l.utilization_pct.map(f64::from),
+            "is {v} % busy (above {t} %)",
+        ),
+        (
+            "gpu_ecc_uncorrectable",
+            |l| Some(l.ecc_uncorrectable.unwrap_or(0) as f64),
+            "has {v} uncorrectable ECC errors since its last reset: drain it and reset it",
+        ),
+    ];
+    for (rule, value, says) in value_rules {
+        let Some((t, _)) = threshold(rule) else {
+            continue;
+        };
+        let seen = latest
+            .iter()
+            .filter(|l| !l.lost)
+            .map(|l| {
+                let v = value(l);
+                Observation {
+                    subject: gpu_subject(&l.node, &l.uuid),
+                    value: v.unwrap_or(0.0),
+                    breach: v.is_some_and(|v| v > t),
+                    message: format!(
+                        "{} {}",
+                        gpu_name(l),
+                        says.replace("{v}", &format!("{:.0}", v.unwrap_or(0.0)))
+                            .replace("{t}", &format!("{t:.0}"))
+                    ),
+                }
+            })
+            .collect();
+        out.insert(rule.to_string(), seen);
     }
     if threshold("gpu_lost").is_some() {
         out.insert(
@@ -258,13 +236,13 @@ async fn observe(
 
 /// Evaluates every rule once. Returns the number of changes made (0 when
 /// another process holds the evaluation).
-pub async fn evaluate_all(pool: &PgPool, fresh_secs: f64) -> anyhow::Result<usize> {
+pub async fn evaluate_all(pool: &PgPool, interval_secs: f64) -> anyhow::Result<usize> {
     let mut tx = pool.begin().await?;
     if !db::alerts::try_evaluation_lock(&mut tx).await? {
         return Ok(0);
     }
     let rules = db::alerts::rules(&mut *tx).await?;
-    let seen = observe(&mut tx, &rules, fresh_secs).await?;
+    let seen = observe(&mut tx, &rules, interval_secs).await?;
     let now = db::alerts::now(&mut tx).await?;
     let mut changes = 0;
     for rule in &rules {

@@ -33,31 +33,21 @@ pub fn sparkline(
     let n = values.len();
     if n > 0 && max > 0.0 {
         let step = f64::from(w) / (n.max(2) - 1) as f64;
-        let mut path = String::new();
-        let mut pen_down = false;
-        for (i, v) in values.iter().enumerate() {
-            match v {
-                Some(v) => {
-                    let x = i as f64 * step;
-                    let y = f64::from(h) - 1.0 - (v / max).clamp(0.0, 1.0) * (f64::from(h) - 2.0);
-                    let _ = write!(path, "{}{x:.1},{y:.1} ", if pen_down { "L" } else { "M" });
-                    pen_down = true;
-                }
-                None => pen_down = false,
-            }
-        }
-        if !path.is_empty() {
-            let _ = write!(out, r#"<path d="{}" fill="none"/>"#, path.trim_end());
-        }
-        // The latest value as a dot, so that even a short history shows.
-        if let Some((i, v)) = values
+        let at = |i: usize, v: f64| {
+            let y = f64::from(h) - 1.0 - (v / max).clamp(0.0, 1.0) * (f64::from(h) - 2.0);
+            (i as f64 * step, y)
+        };
+        let points: Vec<Option<(f64, f64)>> = values
             .iter()
             .enumerate()
-            .rev()
-            .find_map(|(i, v)| v.map(|v| (i, v)))
-        {
-            let x = i as f64 * step;
-            let y = f64::from(h) - 1.0 - (v / max).clamp(0.0, 1.0) * (f64::from(h) - 2.0);
+            .map(|(i, v)| v.map(|v| at(i, v)))
+            .collect();
+        let d = path(&points);
+        if !d.is_empty() {
+            let _ = write!(out, r#"<path d="{d}" fill="none"/>"#);
+        }
+        // The latest value as a dot, so that even a short history shows.
+        if let Some((x, y)) = points.iter().rev().flatten().next() {
             let _ = write!(
                 out,
                 r#"<circle cx="{:.1}" cy="{y:.1}" r="1.8"/>"#,
@@ -67,6 +57,22 @@ pub fn sparkline(
     }
     out.push_str("</svg>");
     out
+}
+
+/// SVG path data through `points`, lifting the pen at each gap.
+fn path(points: &[Option<(f64, f64)>]) -> String {
+    let mut d = String::new();
+    let mut pen_down = false;
+    for p in points {
+        match p {
+            Some((x, y)) => {
+                let _ = write!(d, "{}{x:.1},{y:.1} ", if pen_down { "L" } else { "M" });
+                pen_down = true;
+            }
+            None => pen_down = false,
+        }
+    }
+    d.trim_end().to_string()
 }
 
 /// One line of a chart.
@@ -116,28 +122,16 @@ pub fn line_chart(series: &[Series], y_max: f64, unit: &str, title: &str) -> Str
         );
     }
     for s in series {
-        let mut path = String::new();
-        let mut pen_down = false;
-        for (t, v) in &thin(&s.points, t0, span) {
-            match v {
-                Some(v) => {
-                    let _ = write!(
-                        path,
-                        "{}{:.1},{:.1} ",
-                        if pen_down { "L" } else { "M" },
-                        x(*t),
-                        y(*v)
-                    );
-                    pen_down = true;
-                }
-                None => pen_down = false,
-            }
-        }
+        let points: Vec<Option<(f64, f64)>> = thin(&s.points, t0, span)
+            .into_iter()
+            .map(|(t, v)| v.map(|v| (x(t), y(v))))
+            .collect();
+        let path = path(&points);
         let _ = write!(
             out,
             r#"<path class="{}" d="{}" fill="none"><title>{}</title></path>"#,
             esc(s.class),
-            path.trim_end(),
+            path,
             esc(s.label)
         );
     }

@@ -255,7 +255,6 @@ async fn render_gpus(r: &mut Registry, state: &AppState) -> anyhow::Result<()> {
     let fresh = db::telemetry::fresh_secs(state.telemetry_interval_secs as f64);
     let latest = db::telemetry::latest(&state.pool, fresh).await?;
     let held = db::telemetry::latest_bookings(&state.pool, fresh).await?;
-    let products = db::telemetry::products(&state.pool).await?;
     let util = gauges(r, "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)");
     let fb_used = gauges(r, "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)");
     let fb_free = gauges(r, "DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)");
@@ -282,17 +281,17 @@ async fn render_gpus(r: &mut Registry, state: &AppState) -> anyhow::Result<()> {
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         "Ratio of time the graphics engine is active (MIG instance)",
     );
-    let base = |node: &str, idx: i32, uuid: &str| -> Labels {
+    let base = |node: &str, idx: i32, uuid: &str, product: &str| -> Labels {
         vec![
             ("gpu", idx.to_string()),
             ("UUID", uuid.to_string()),
             ("device", format!("nvidia{idx}")),
-            ("modelName", products.get(uuid).cloned().unwrap_or_default()),
+            ("modelName", product.to_string()),
             ("Hostname", node.to_string()),
         ]
     };
     for l in latest.iter().filter(|l| !l.lost) {
-        let labels = base(&l.node, l.idx, &l.uuid);
+        let labels = base(&l.node, l.idx, &l.uuid, &l.product);
         if let Some(v) = l.utilization_pct {
             util.get_or_create(&labels).set(f64::from(v));
         }
@@ -321,7 +320,7 @@ async fn render_gpus(r: &mut Registry, state: &AppState) -> anyhow::Result<()> {
     // Each booking's device: a MIG instance carries DCGM's GPU_I labels;
     // both kinds carry the tenant and booking, to slice dashboards by.
     for b in &held {
-        let mut labels = base(&b.node, b.idx, &b.gpu_uuid);
+        let mut labels = base(&b.node, b.idx, &b.gpu_uuid, &b.product);
         if let Some(p) = &b.profile {
             labels.push(("GPU_I_PROFILE", p.clone()));
             labels.push(("GPU_I_ID", b.gi_placement.unwrap_or(0).to_string()));
