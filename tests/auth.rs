@@ -100,14 +100,85 @@ async fn unknown_user_and_wrong_password_get_the_same_answer() {
 async fn session_id_changes_at_sign_in() {
     let app = TestApp::spawn().await;
     app.user("ada@uni.edu", "none", &[]).await;
+    app.user("bob@uni.edu", "none", &[]).await;
     let c = app.client();
+    // The sign-in page itself starts no session (nothing to fixate) ...
     let page = c.get(app.url("/login")).send().await.unwrap();
-    let before =
-        session_cookie(&page).expect("the sign-in page starts a session for its CSRF token");
-    let body = page.text().await.unwrap();
-    let token = common::extract_csrf(&body).unwrap();
+    assert!(session_cookie(&page).is_none());
+    // ... and a session that exists when someone signs in is replaced.
+    let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
+    let before = session_cookie(&r).expect("sign-in sets a session cookie");
+    let token = app.csrf(&c, "/").await;
     let r = c
         .post(app.url("/login"))
+        .form(&[
+            ("csrf_token", token.as_str()),
+            ("email", "bob@uni.edu"),
+            ("password", PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let after = session_cookie(&r).expect("sign-in sets a new session cookie");
+    assert_ne!(before, after);
+    // The earlier id is dead.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_sessions.session WHERE id = $1")
+        .bind(&before)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+}
+
+/// The `Set-Cookie` header that sets `name`.
+fn set_cookie(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .find(|v| v.starts_with(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} cookie"))
+}
+
+#[tokio::test]
+async fn cookies_are_http_only_and_same_site() {
+    let app = TestApp::spawn().await;
+    app.user("ada@uni.edu", "none", &[]).await;
+    let c = app.client();
+    let r = c.get(app.url("/login")).send().await.unwrap();
+    let pre = set_cookie(&r, "gpuslice_presign");
+    assert!(
+        pre.contains("HttpOnly") && pre.contains("SameSite=Strict"),
+        "{pre}"
+    );
+    assert!(!pre.contains("Secure"), "plain HTTP by default: {pre}");
+    let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
+    let session = set_cookie(&r, "gpuslice_session");
+    assert!(session.contains("HttpOnly"), "{session}");
+    assert!(session.contains("SameSite=Lax"), "{session}");
+    assert!(
+        !session.contains("Secure"),
+        "plain HTTP by default: {session}"
+    );
+
+    let secure = TestApp::spawn_with(gpuslice::web::WebSettings {
+        secure_cookies: true,
+        ..Default::default()
+    })
+    .await;
+    secure.user("ada@uni.edu", "none", &[]).await;
+    let c = secure.client();
+    let r = c.get(secure.url("/login")).send().await.unwrap();
+    assert!(set_cookie(&r, "gpuslice_presign").contains("Secure"));
+    // reqwest keeps Secure cookies only over HTTPS: sign in by hand.
+    let token = common::extract_csrf(&r.text().await.unwrap()).unwrap();
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(secure.url("/login"))
+        .header("cookie", format!("gpuslice_presign={token}"))
         .form(&[
             ("csrf_token", token.as_str()),
             ("email", "ada@uni.edu"),
@@ -117,44 +188,7 @@ async fn session_id_changes_at_sign_in() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let after = session_cookie(&r).expect("sign-in sets a new session cookie");
-    assert_ne!(before, after);
-    // The pre-sign-in id is dead.
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_sessions.session WHERE id = $1")
-        .bind(&before)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-    assert_eq!(n, 0);
-}
-
-#[tokio::test]
-async fn cookies_are_http_only_and_same_site_lax() {
-    let app = TestApp::spawn().await;
-    let r = app.client().get(app.url("/login")).send().await.unwrap();
-    let set_cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
-    assert!(set_cookie.contains("HttpOnly"), "{set_cookie}");
-    assert!(set_cookie.contains("SameSite=Lax"), "{set_cookie}");
-    assert!(
-        !set_cookie.contains("Secure"),
-        "plain HTTP by default: {set_cookie}"
-    );
-
-    let secure = TestApp::spawn_with(gpuslice::web::WebSettings {
-        secure_cookies: true,
-        ..Default::default()
-    })
-    .await;
-    let r = secure
-        .client()
-        .get(secure.url("/login"))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .contains("Secure"));
+    assert!(set_cookie(&r, "gpuslice_session").contains("Secure"));
 }
 
 /// Replays a stolen cookie from a second client.

@@ -982,3 +982,51 @@ async fn the_schema_and_the_rules_agree_on_which_statuses_are_live() {
         Status::ALL.iter().map(|s| s.as_str().to_string()).collect();
     assert_eq!(quoted(&check), all, "{check}");
 }
+
+#[tokio::test]
+async fn extending_needs_an_owner_who_is_still_a_member_of_a_live_tenant() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    w.tenant("old", &[]).await;
+    let ana = w.person("ana@uni.edu", "none", &["lab", "old"]).await;
+    let root = w.person("root@uni.edu", "admin", &[]).await;
+    let (_, a) = w.book(&ana, mig("lab", "1g.10gb", 1)).await;
+    let (_, b) = w.book(&ana, mig("old", "1g.10gb", 1)).await;
+    let (a, b) = (a["id"].as_i64().unwrap(), b["id"].as_i64().unwrap());
+    let extend = |id: i64| format!("/api/v1/bookings/{id}/extend");
+    // Ana leaves lab: nobody may give her booking there more time.
+    let uid: i64 = w
+        .count("SELECT id FROM users WHERE email = 'ana@uni.edu'")
+        .await;
+    let lab: i64 = w.count("SELECT id FROM tenants WHERE slug = 'lab'").await;
+    gpuslice::db::users::remove_membership(&w.app.pool, uid, lab)
+        .await
+        .unwrap();
+    let (s, e) = w
+        .call(&root, "POST", &extend(a), Some(json!({"hours": 1})))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer an active member"),
+        "{e}"
+    );
+    // Tenant old is archived: its bookings are not extended either.
+    sqlx::query("UPDATE tenants SET archived = true WHERE slug = 'old'")
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    let (s, e) = w
+        .call(&ana, "POST", &extend(b), Some(json!({"hours": 1})))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("archived"), "{e}");
+    // Neither end moved.
+    assert_eq!(
+        w.count("SELECT count(*) FROM bookings WHERE hours <> 1")
+            .await,
+        0
+    );
+}

@@ -48,3 +48,56 @@ async fn cluster_is_created_reused_and_stopped() {
 async fn first_is_down(dir: &std::path::Path) -> bool {
     !dir.join("pg/postmaster.pid").exists()
 }
+
+#[tokio::test]
+async fn a_killed_server_is_started_again_and_the_restart_is_an_alert() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("embedded-supervise-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cluster = Cluster::ensure(&dir).await.unwrap();
+    let pool = gpuslice::db::connect(cluster.connect_options())
+        .await
+        .unwrap();
+    gpuslice::db::migrate(&pool).await.unwrap();
+    let supervisor = cluster.supervise(pool.clone(), std::time::Duration::from_millis(500));
+    // Kill the postmaster as the out-of-memory killer would.
+    let pid: i32 = std::fs::read_to_string(dir.join("pg/postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let n: Result<i64, _> =
+            sqlx::query_scalar("SELECT count(*) FROM alerts WHERE rule = 'database_restarted'")
+                .fetch_one(&pool)
+                .await;
+        if matches!(n, Ok(1)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not restarted: {n:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let new_pid: i32 = std::fs::read_to_string(dir.join("pg/postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(new_pid, pid);
+    supervisor.abort();
+    pool.close().await;
+    cluster.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

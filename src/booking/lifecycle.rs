@@ -81,6 +81,25 @@ pub async fn extend(
     }
     let mut tx = pool.begin().await?;
     let tenant = db::tenants::get_for_update(&mut tx, b.tenant_id).await?;
+    // More time is a new grant: the tenant must still be live and the owner
+    // still an active member of it (an admin extends only such bookings too).
+    if tenant.archived {
+        return Err(BookingError::Refused(format!(
+            "tenant {} is archived; its bookings cannot be extended",
+            tenant.slug
+        )));
+    }
+    let owner = db::users::get(&mut *tx, b.user_id).await?;
+    let member = db::users::memberships(&mut *tx, b.user_id)
+        .await?
+        .iter()
+        .any(|m| m.tenant_id == b.tenant_id);
+    if owner.disabled || !member {
+        return Err(BookingError::Refused(format!(
+            "the booking's owner is no longer an active member of {}; it cannot be extended",
+            tenant.slug
+        )));
+    }
     let (status, _) = db::bookings::lock(&mut tx, id).await?;
     if !status.can_extend() {
         return Err(BookingError::Refused(format!(

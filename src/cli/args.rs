@@ -93,9 +93,22 @@ pub struct ServeArgs {
     /// Mark cookies Secure (serve over HTTPS, e.g. behind a TLS proxy).
     #[arg(long, env = "GPUSLICE_SECURE_COOKIES")]
     pub secure_cookies: bool,
-    /// Trust X-Forwarded-For for the client address (behind a proxy only).
+    /// Trust X-Forwarded-For for the client address (behind one reverse
+    /// proxy only): its right-most entry, the one that proxy added.
     #[arg(long, env = "GPUSLICE_TRUST_PROXY")]
     pub trust_proxy: bool,
+    /// Reverse proxies (addresses or CIDRs, comma-separated) whose
+    /// X-Forwarded-For entries are believed; the client is the right-most
+    /// entry that is not one of them.
+    #[arg(long, env = "GPUSLICE_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_net)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Seconds a request may take to produce its response (a download may
+    /// stream longer).
+    #[arg(long, env = "GPUSLICE_REQUEST_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub request_timeout_secs: u64,
+    /// Requests served at once; beyond it the server answers 503 with Retry-After.
+    #[arg(long, env = "GPUSLICE_MAX_CONCURRENT_REQUESTS", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_concurrent_requests: u64,
     #[command(flatten)]
     pub gpu: GpuArgs,
     /// Serve the web application only, without the in-process worker.
@@ -444,4 +457,12 @@ pub enum AlertCommand {
         #[arg(long)]
         disable: bool,
     },
+}
+
+/// An address or a CIDR block (`10.0.0.0/8`, `::1`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an IP address or CIDR block (e.g. 10.0.0.0/8)"))
 }

@@ -97,6 +97,13 @@ pub async fn run(cli: Cli) -> Result<()> {
 async fn run_with(database: &Database, command: Command, data_dir: &std::path::Path) -> Result<()> {
     let pool = database.pool().await?;
     db::migrate(&pool).await?;
+    // The long-running commands keep the embedded server alive.
+    let _supervisor = match (database, &command) {
+        (Database::Embedded(c), Command::Serve(_) | Command::Demo(_) | Command::Worker(_)) => Some(
+            AbortOnDrop(c.supervise(pool.clone(), std::time::Duration::from_secs(2))),
+        ),
+        _ => None,
+    };
     match command {
         Command::GpuCheck { .. }
         | Command::Bench(_)
@@ -185,5 +192,14 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = wait(term) => {},
         }
         tracing::info!("shutting down: finishing requests in flight");
+    }
+}
+
+/// Stops a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

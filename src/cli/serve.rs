@@ -23,8 +23,12 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
     let settings = WebSettings {
         secure_cookies: args.secure_cookies,
         trust_proxy: args.trust_proxy,
+        trusted_proxies: args.trusted_proxies.clone(),
+        request_timeout: std::time::Duration::from_secs(args.request_timeout_secs),
+        max_concurrent_requests: args.max_concurrent_requests as usize,
         session_idle_secs: args.session_idle_minutes * 60,
         session_absolute_secs: args.session_max_hours * 3600,
+        ..WebSettings::default()
     };
     // Every setting is checked above and the address is taken before any
     // worker starts: a mistake starts nothing.

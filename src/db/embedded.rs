@@ -22,7 +22,7 @@ use sqlx::postgres::PgConnectOptions;
 pub const DB_NAME: &str = "gpuslice";
 
 /// A running embedded cluster.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Cluster {
     pgdata: PathBuf,
     bin_dir: PathBuf,
@@ -271,6 +271,93 @@ impl Cluster {
         })
         .await?
     }
+}
+
+impl Cluster {
+    /// Watches the server every `every` and starts it again when its
+    /// postmaster is gone (killed, out of memory): `serve` runs on the
+    /// embedded cluster by default, and nothing else would bring it back.
+    /// Each restart is logged and raised as the `database_restarted` alert
+    /// once the database answers again. A start that fails (the dead
+    /// server's children still hold its shared memory for a moment) is
+    /// tried again at the next look.
+    pub fn supervise(
+        &self,
+        pool: sqlx::PgPool,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let watcher = Cluster {
+            started_here: false,
+            ..self.clone()
+        };
+        tokio::spawn(async move {
+            let mut down_since: Option<time::OffsetDateTime> = None;
+            loop {
+                tokio::time::sleep(every).await;
+                let c = watcher.clone();
+                let running = tokio::task::spawn_blocking(move || {
+                    c.pg_ctl(&["status"]).map(|o| o.status.success())
+                })
+                .await
+                .unwrap_or(Ok(true))
+                .unwrap_or(true);
+                if running {
+                    continue;
+                }
+                let since = *down_since.get_or_insert_with(time::OffsetDateTime::now_utc);
+                tracing::error!(pgdata = %watcher.pgdata.display(), "the embedded PostgreSQL is not running; starting it again");
+                let c = watcher.clone();
+                match tokio::task::spawn_blocking(move || c.start()).await {
+                    Ok(Ok(())) => {
+                        down_since = None;
+                        tracing::warn!("the embedded PostgreSQL was started again");
+                        raise_restarted(&pool, since).await;
+                    }
+                    Ok(Err(e)) => tracing::error!(
+                        error = format!("{e:#}"),
+                        "the embedded PostgreSQL did not start; trying again"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "the embedded PostgreSQL start panicked"),
+                }
+            }
+        })
+    }
+}
+
+/// Raises `database_restarted` (tries for a minute while the pool reconnects).
+async fn raise_restarted(pool: &sqlx::PgPool, since: time::OffsetDateTime) {
+    let node = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok());
+    let message = format!(
+        "the embedded PostgreSQL stopped (noticed {}) and gpuslice started it again; see its server.log",
+        since.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    );
+    for _ in 0..30 {
+        let done = async {
+            let mut tx = pool.begin().await?;
+            crate::watch::raise_past(
+                &mut tx,
+                "database_restarted",
+                &crate::domain::alerts::Subject {
+                    node: node.clone(),
+                    ..Default::default()
+                },
+                1.0,
+                &message,
+            )
+            .await?;
+            tx.commit().await?;
+            anyhow::Ok(())
+        }
+        .await;
+        match done {
+            Ok(()) => return,
+            Err(e) => tracing::debug!(error = format!("{e:#}"), "cannot record the restart yet"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    tracing::error!("the database restart could not be recorded as an alert");
 }
 
 /// The account the server runs as: none (the current user) unless we are

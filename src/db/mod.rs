@@ -100,6 +100,9 @@ pub async fn sessions_cleanup(pool: &PgPool) -> sqlx::Result<()> {
     sqlx::query!("DELETE FROM login_throttle WHERE window_start < now() - interval '1 day'")
         .execute(pool)
         .await?;
+    sqlx::query!("DELETE FROM sign_in_addresses WHERE last_at < now() - interval '90 days'")
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -116,4 +119,18 @@ pub const NO_OVERLAP: &str = "bookings_no_overlap";
 /// Another booking holds the slot: the schema's [`NO_OVERLAP`] guard fired.
 pub fn is_exclusion_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.constraint() == Some(NO_OVERLAP))
+}
+
+/// Whether `e` means the database cannot be reached or is restarting (the
+/// web layer answers 503 with `Retry-After` instead of an internal error):
+/// no connection within the pool's timeout, a broken socket, or the server
+/// shutting down or starting up (SQLSTATE class 08 and 57P01–57P03).
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
 }

@@ -29,7 +29,7 @@ text_enum! {
 }
 
 /// The default rules (names are a contract; thresholds are admins' to edit).
-pub const RULES: [&str; 8] = [
+pub const RULES: [&str; 9] = [
     "gpu_temperature_high",
     "gpu_utilization_high",
     "instance_memory_near_limit",
@@ -38,6 +38,7 @@ pub const RULES: [&str; 8] = [
     "gpu_lost",
     "node_heartbeat_stale",
     "metering_spool_full",
+    "database_restarted",
 ];
 
 /// What an alert is about.

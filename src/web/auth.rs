@@ -3,11 +3,11 @@
 
 use axum::routing::{get, post};
 use axum::Router;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use serde::Deserialize;
@@ -19,18 +19,48 @@ use super::error::AppError;
 use super::pages::{LoginPage, PageCtx};
 use super::AppState;
 use crate::db::{self, audit::Actor, users::Membership, users::User};
-use crate::domain::{self, Email, GlobalRole};
+use crate::domain::{Email, GlobalRole};
 
 pub(crate) const SESSION_USER: &str = "uid";
 const SESSION_EPOCH: &str = "epoch";
 const SESSION_LOGIN_AT: &str = "login_at";
 
-/// Failed sign-ins allowed per client address per window.
+/// Sign-in attempts allowed per client address per window (any accounts).
 const IP_LIMIT: i32 = 20;
-/// Failed sign-ins allowed per account per window. The window is short, so
-/// a stranger can slow an account down but never lock it for good.
+/// Attempts allowed per account from one address per window. A stranger
+/// elsewhere cannot use it to lock the owner out.
 const ACCOUNT_LIMIT: i32 = 10;
+/// Attempts allowed per account from all addresses together per window (a
+/// guessing attack spread over many addresses). Past it, only addresses the
+/// account has signed in from before are let through, so the owner keeps
+/// getting in while the strangers wait.
+const ACCOUNT_CEILING: i32 = 50;
 const WINDOW_SECS: i32 = 15 * 60;
+
+/// The three throttle counters one sign-in attempt counts against.
+struct ThrottleKeys {
+    address: String,
+    pair: String,
+    account: String,
+}
+
+impl ThrottleKeys {
+    fn new(addr: &str, email: &str) -> Self {
+        ThrottleKeys {
+            address: format!("ip:{addr}"),
+            pair: format!("account:{email}|{addr}"),
+            account: format!("account:{email}"),
+        }
+    }
+
+    /// Takes this attempt back from every counter.
+    async fn forgive(&self, pool: &sqlx::PgPool) -> Result<(), AppError> {
+        for key in [&self.address, &self.pair, &self.account] {
+            db::throttle::forgive(pool, key).await?;
+        }
+        Ok(())
+    }
+}
 
 /// The signed-in user with their memberships.
 #[derive(Debug, Clone)]
@@ -71,27 +101,77 @@ impl CurrentUser {
     }
 }
 
-/// The client's address: the peer, or with `GPUSLICE_TRUST_PROXY` the first
-/// `X-Forwarded-For` entry set by the reverse proxy.
-pub fn client_addr(parts: &Parts, trust_proxy: bool) -> String {
-    if trust_proxy {
-        if let Some(first) = parts
-            .headers
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(',').next())
-        {
-            let first = first.trim();
-            if !first.is_empty() {
-                return first.to_string();
-            }
-        }
-    }
-    parts
+/// The client's address: the peer, or behind a reverse proxy the address
+/// that proxy saw. `X-Forwarded-For` is read only with `--trust-proxy` or
+/// when the peer is one of `--trusted-proxies`, and then from the right:
+/// every proxy appends the address it was reached from, so the left-most
+/// entries are whatever the client chose to send. With `--trust-proxy` the
+/// right-most entry (added by the one proxy in front) is the client; with
+/// `--trusted-proxies` entries are walked from the right past the trusted
+/// proxies' own addresses.
+pub fn client_addr(parts: &Parts, settings: &super::WebSettings) -> String {
+    let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ci| ci.0.ip().to_string())
-        .unwrap_or_else(|| "unknown".into())
+        .map(|ci| ci.0.ip());
+    let xff: Vec<&str> = parts
+        .headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    forwarded_client(peer, &xff.join(","), settings)
+        .or(peer)
+        .map_or_else(|| "unknown".into(), |ip| ip.to_string())
+}
+
+/// The client address `X-Forwarded-For` vouches for, if the settings let it
+/// be read at all (see [`client_addr`]).
+pub fn forwarded_client(
+    peer: Option<IpAddr>,
+    xff: &str,
+    settings: &super::WebSettings,
+) -> Option<IpAddr> {
+    let trusted = |ip: &IpAddr| settings.trusted_proxies.iter().any(|n| n.contains(ip));
+    let entries: Vec<&str> = xff
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if !settings.trusted_proxies.is_empty() {
+        if !peer.as_ref().is_some_and(trusted) {
+            return None;
+        }
+        // The last hop that is not one of ours; an entry that is not an
+        // address was not written by a proxy of ours: stop before it.
+        let mut found = None;
+        for e in entries.iter().rev() {
+            let ip = parse_forwarded_ip(e)?;
+            found = Some(ip);
+            if !trusted(&ip) {
+                break;
+            }
+        }
+        return found;
+    }
+    if settings.trust_proxy {
+        return entries.last().and_then(|e| parse_forwarded_ip(e));
+    }
+    None
+}
+
+/// An address as proxies write it: bare, or IPv6 in brackets, or with a port.
+fn parse_forwarded_ip(entry: &str) -> Option<IpAddr> {
+    if let Ok(ip) = entry.parse() {
+        return Some(ip);
+    }
+    if let Ok(sock) = entry.parse::<SocketAddr>() {
+        return Some(sock.ip());
+    }
+    entry
+        .strip_prefix('[')
+        .and_then(|e| e.strip_suffix(']'))
+        .and_then(|e| e.parse().ok())
 }
 
 /// The bearer token of a request, if it carries one.
@@ -116,7 +196,7 @@ impl FromRequestParts<AppState> for CurrentUser {
         if let Some(cached) = parts.extensions.get::<CurrentUser>() {
             return Ok(cached.clone());
         }
-        let addr = client_addr(parts, state.settings.trust_proxy);
+        let addr = client_addr(parts, &state.settings);
         let user_id = if parts.headers.contains_key(header::AUTHORIZATION) {
             // A request that names a token is judged by the token alone,
             // never by cookies that happen to ride along.
@@ -196,21 +276,39 @@ pub fn safe_next(next: Option<&str>) -> String {
 }
 
 pub async fn login_page(
+    State(state): State<AppState>,
     session: Session,
+    headers: HeaderMap,
     Query(q): Query<NextQuery>,
     maybe_user: Option<CurrentUser>,
 ) -> Result<Response, AppError> {
     if maybe_user.is_some() {
         return Ok(Redirect::to(&safe_next(q.next.as_deref())).into_response());
     }
-    let ctx = PageCtx::new(&session, None).await?;
-    Ok(LoginPage {
+    let (token, set_cookie) =
+        super::csrf::pre_session_token(&headers, state.settings.secure_cookies);
+    let ctx = PageCtx::sign_in(&session, token).await?;
+    let mut resp = LoginPage {
         ctx,
         email: String::new(),
         next: safe_next(q.next.as_deref()),
         error: None,
     }
-    .into_response())
+    .into_response();
+    if let Some(c) = set_cookie {
+        resp.headers_mut().append(header::SET_COOKIE, c);
+    }
+    Ok(resp)
+}
+
+/// The sign-in page's layout when the form comes back with an error.
+async fn sign_in_ctx(
+    state: &AppState,
+    session: &Session,
+    headers: &HeaderMap,
+) -> Result<PageCtx, AppError> {
+    let (token, _) = super::csrf::pre_session_token(headers, state.settings.secure_cookies);
+    PageCtx::sign_in(session, token).await
 }
 
 #[derive(Deserialize)]
@@ -230,6 +328,7 @@ pub async fn login(
     State(state): State<AppState>,
     session: Session,
     parts: RequestParts,
+    headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Result<Response, AppError> {
     let addr = parts.client_addr;
@@ -238,7 +337,7 @@ pub async fn login(
     // reaches the throttle table or the audit log.
     if form.email.trim().len() > MAX_EMAIL_LEN {
         let page = LoginPage {
-            ctx: PageCtx::new(&session, None).await?,
+            ctx: sign_in_ctx(&state, &session, &headers).await?,
             email: String::new(),
             next,
             error: Some(format!(
@@ -248,28 +347,46 @@ pub async fn login(
         return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
     }
     let email_key = form.email.trim().to_lowercase();
-    let ip_key = format!("ip:{addr}");
-    let account_key = format!("account:{email_key}");
-    for (key, limit) in [(&ip_key, IP_LIMIT), (&account_key, ACCOUNT_LIMIT)] {
-        if let Some(secs) = db::throttle::blocked_for(&state.pool, key, limit, WINDOW_SECS).await? {
-            return Err(AppError::TooManyRequests(secs));
-        }
-    }
-
+    let keys = ThrottleKeys::new(&addr, &email_key);
     let creds = match Email::parse(&form.email) {
         Ok(email) => db::users::credentials(&state.pool, &email).await?,
         Err(_) => None,
     };
+    // Counted before the password is checked, each in one statement, so
+    // parallel guesses cannot slip past a limit.
+    let (n, left) = db::throttle::hit(&state.pool, &keys.address, WINDOW_SECS).await?;
+    if n > IP_LIMIT {
+        return Err(AppError::TooManyRequests(left));
+    }
+    let (n, left) = db::throttle::hit(&state.pool, &keys.pair, WINDOW_SECS).await?;
+    if n > ACCOUNT_LIMIT {
+        return Err(AppError::TooManyRequests(left));
+    }
+    let (n, left) = db::throttle::hit(&state.pool, &keys.account, WINDOW_SECS).await?;
+    if n > ACCOUNT_CEILING {
+        let known = match &creds {
+            Some(c) => db::throttle::known_address(&state.pool, c.id, &addr).await?,
+            None => false,
+        };
+        if !known {
+            return Err(AppError::TooManyRequests(left));
+        }
+    }
+
     // Unknown accounts are checked against a dummy hash so that they take as
     // long as a wrong password for a real one.
     let stored = creds
         .as_ref()
         .map(|c| c.password_hash.clone())
         .unwrap_or_else(|| state.dummy_hash.to_string());
-    let password = form.password;
-    let matches = tokio::task::spawn_blocking(move || domain::verify_password(&stored, &password))
-        .await
-        .map_err(|e| AppError::Internal(e.into()))?;
+    let matches = match state.check_password(stored, form.password).await {
+        Ok(m) => m,
+        Err(busy) => {
+            // Not checked: the attempt does not count against anyone.
+            keys.forgive(&state.pool).await?;
+            return Err(busy);
+        }
+    };
 
     let actor = Actor {
         user_id: creds.as_ref().map(|c| c.id),
@@ -278,8 +395,6 @@ pub async fn login(
     };
     let ok_user = creds.filter(|c| matches && !c.disabled);
     let Some(creds) = ok_user else {
-        db::throttle::record_failure(&state.pool, &ip_key, WINDOW_SECS).await?;
-        db::throttle::record_failure(&state.pool, &account_key, WINDOW_SECS).await?;
         if let Some(id) = actor.user_id {
             db::users::record_login(&state.pool, id, false).await?;
         }
@@ -291,7 +406,7 @@ pub async fn login(
             serde_json::json!({}),
         )
         .await?;
-        let ctx = PageCtx::new(&session, None).await?;
+        let ctx = sign_in_ctx(&state, &session, &headers).await?;
         let page = LoginPage {
             ctx,
             email: form.email.trim().to_string(),
@@ -316,7 +431,9 @@ pub async fn login(
         .await
         .map_err(anyhow_err)?;
     super::csrf::rotate(&session).await?;
-    db::throttle::clear(&state.pool, &account_key).await?;
+    keys.forgive(&state.pool).await?;
+    db::throttle::clear(&state.pool, &keys.pair).await?;
+    db::throttle::remember_address(&state.pool, creds.id, &addr).await?;
     db::users::record_login(&state.pool, creds.id, true).await?;
     db::audit::record(
         &state.pool,
@@ -326,7 +443,10 @@ pub async fn login(
         serde_json::json!({}),
     )
     .await?;
-    Ok(Redirect::to(&next).into_response())
+    let mut resp = Redirect::to(&next).into_response();
+    resp.headers_mut()
+        .append(header::SET_COOKIE, super::csrf::clear_pre_cookie());
+    Ok(resp)
 }
 
 pub async fn logout(
@@ -359,7 +479,7 @@ impl FromRequestParts<AppState> for RequestParts {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, AppError> {
         Ok(RequestParts {
-            client_addr: client_addr(parts, state.settings.trust_proxy),
+            client_addr: client_addr(parts, &state.settings),
         })
     }
 }

@@ -4,14 +4,22 @@
 //! carry it as the hidden field `csrf_token`; htmx sends it as the
 //! `X-CSRF-Token` header (set once on `<body hx-headers>`). The middleware
 //! checks every POST/PUT/PATCH/DELETE before any handler runs, so a route
-//! cannot forget it. Requests authenticated by `Authorization: Bearer` are
-//! exempt: browsers never attach that header on their own, and such a request
-//! is judged by its token only. A `Sec-Fetch-Site: cross-site` request is
-//! refused outright.
+//! cannot forget it. Requests that carry a valid API token
+//! (`Authorization: Bearer`) are exempt: browsers never attach that header on
+//! their own, and such a request is judged by its token only; a request with
+//! any other `Authorization` header answers 401 here. A
+//! `Sec-Fetch-Site: cross-site` request is refused outright.
+//!
+//! Before sign-in there is no session (an anonymous visit to `/login` stores
+//! nothing in the database): the sign-in form's token lives in its own
+//! cookie, `gpuslice_presign` (HttpOnly, SameSite=Strict), and the form must
+//! send the same value (double submit). Sign-in deletes that cookie and puts
+//! a fresh token in the new session.
 
 use axum::body::{to_bytes, Body};
 use axum::extract::Request;
-use axum::http::{header, Method};
+use axum::extract::{FromRequestParts, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -21,6 +29,8 @@ use tower_sessions::Session;
 use super::error::AppError;
 
 const SESSION_KEY: &str = "csrf";
+/// The cookie that carries the sign-in form's token before any session.
+pub const PRE_COOKIE: &str = "gpuslice_presign";
 pub const FIELD: &str = "csrf_token";
 pub const HEADER: &str = "x-csrf-token";
 /// Largest form body read to find the token.
@@ -54,16 +64,63 @@ pub async fn rotate(session: &Session) -> Result<String, AppError> {
     Ok(t)
 }
 
+/// The pre-session token a request carries in [`PRE_COOKIE`], if well formed.
+fn pre_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == PRE_COOKIE)
+        .map(|(_, value)| value.to_string())
+        .filter(|v| {
+            v.len() == 43
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// The sign-in form's token: the one in the visitor's [`PRE_COOKIE`], or a
+/// new one with the `Set-Cookie` header that hands it out.
+pub fn pre_session_token(headers: &HeaderMap, secure: bool) -> (String, Option<HeaderValue>) {
+    if let Some(t) = pre_cookie(headers) {
+        return (t, None);
+    }
+    let t = new_token();
+    let cookie = format!(
+        "{PRE_COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict; Max-Age=7200{}",
+        if secure { "; Secure" } else { "" }
+    );
+    (t, HeaderValue::from_str(&cookie).ok())
+}
+
+/// The `Set-Cookie` header that deletes [`PRE_COOKIE`] (at sign-in).
+pub fn clear_pre_cookie() -> HeaderValue {
+    HeaderValue::from_static("gpuslice_presign=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-pub async fn protect(session: Session, req: Request, next: Next) -> Response {
+pub async fn protect(
+    State(state): State<super::AppState>,
+    session: Session,
+    req: Request,
+    next: Next,
+) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(req).await;
     }
     if req.headers().contains_key(header::AUTHORIZATION) {
-        return next.run(req).await;
+        // Exempt only once the token is known good: authenticate here (the
+        // handler reuses the result) and answer 401 otherwise.
+        let (mut parts, body) = req.into_parts();
+        return match super::auth::CurrentUser::from_request_parts(&mut parts, &state).await {
+            Ok(_) => next.run(Request::from_parts(parts, body)).await,
+            Err(e) => e.into_response(),
+        };
     }
     // An API call with neither a token nor a signed-in session has no
     // authority to forge: let it through to its clear 401.
@@ -86,7 +143,7 @@ pub async fn protect(session: Session, req: Request, next: Next) -> Response {
         return AppError::Csrf.into_response();
     }
     let expected: Option<String> = session.get(SESSION_KEY).await.ok().flatten();
-    let Some(expected) = expected else {
+    let Some(expected) = expected.or_else(|| pre_cookie(req.headers())) else {
         return AppError::Csrf.into_response();
     };
     if let Some(sent) = req.headers().get(HEADER) {

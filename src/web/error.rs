@@ -32,6 +32,10 @@ pub enum AppError {
     Csrf,
     #[error("too many attempts; try again in {0} seconds")]
     TooManyRequests(i64),
+    /// Temporarily unable to serve (busy, or the database unreachable):
+    /// 503 with `Retry-After` seconds and a sentence.
+    #[error("{1}")]
+    Unavailable(i64, String),
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -40,6 +44,14 @@ impl From<sqlx::Error> for AppError {
     fn from(e: sqlx::Error) -> Self {
         match e {
             sqlx::Error::RowNotFound => AppError::NotFound,
+            e if crate::db::is_unavailable(&e) => {
+                tracing::warn!(error = %e, "database unavailable");
+                AppError::Unavailable(
+                    5,
+                    "the database is not reachable at the moment; try again in a few seconds"
+                        .into(),
+                )
+            }
             other => AppError::Internal(other.into()),
         }
     }
@@ -64,6 +76,7 @@ impl AppError {
             AppError::Conflict(_) => StatusCode::CONFLICT,
             AppError::Unprocessable(_) | AppError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AppError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            AppError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -78,6 +91,7 @@ impl AppError {
             AppError::Unprocessable(_) | AppError::Invalid(_) => "unprocessable",
             AppError::Csrf => "csrf",
             AppError::TooManyRequests(_) => "too_many_requests",
+            AppError::Unavailable(..) => "unavailable",
             AppError::Internal(_) => "internal",
         }
     }
@@ -98,7 +112,7 @@ impl IntoResponse for AppError {
             tracing::error!(error = format!("{e:#}"), "internal error");
         }
         let mut resp = self.status().into_response();
-        if let AppError::TooManyRequests(secs) = self {
+        if let AppError::TooManyRequests(secs) | AppError::Unavailable(secs, _) = self {
             if let Ok(v) = HeaderValue::from_str(&secs.max(1).to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }

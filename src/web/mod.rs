@@ -17,7 +17,6 @@ pub mod pages;
 pub mod settings;
 pub mod usage;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,8 +39,18 @@ use crate::domain::{self, Password};
 pub struct WebSettings {
     /// Mark cookies `Secure` (set when served over HTTPS).
     pub secure_cookies: bool,
-    /// Take the client address from `X-Forwarded-For` (behind a proxy).
+    /// Take the client address from the right-most `X-Forwarded-For` entry
+    /// (behind one reverse proxy).
     pub trust_proxy: bool,
+    /// Reverse proxies whose `X-Forwarded-For` entries are believed; when
+    /// set, only requests from these peers are read that way.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Longest a request may take to produce its response head.
+    pub request_timeout: Duration,
+    /// Longest a client may take to send a request's head (slow-loris guard).
+    pub header_read_timeout: Duration,
+    /// Requests served at once; beyond it, 503 with `Retry-After`.
+    pub max_concurrent_requests: usize,
     /// A session unused this long ends.
     pub session_idle_secs: i64,
     /// A session ends this long after sign-in, however busy.
@@ -53,11 +62,18 @@ impl Default for WebSettings {
         WebSettings {
             secure_cookies: false,
             trust_proxy: false,
+            trusted_proxies: Vec::new(),
+            request_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            max_concurrent_requests: 512,
             session_idle_secs: 2 * 3600,
             session_absolute_secs: 12 * 3600,
         }
     }
 }
+
+/// Usage exports streaming at once (of the pool's 16 connections).
+pub const MAX_EXPORTS: usize = 4;
 
 /// Everything handlers share; cheap to clone.
 #[derive(Clone)]
@@ -80,6 +96,14 @@ pub struct AppState {
     pub metrics_attribution: bool,
     /// Seconds between telemetry samples (how fresh a sample must be to count).
     pub telemetry_interval_secs: u64,
+    /// Password hashes checked at once (argon2id takes 19 MiB and a core
+    /// each): one per core, so a flood of sign-ins cannot take them all.
+    pub password_slots: Arc<tokio::sync::Semaphore>,
+    /// Usage exports streaming at once (each holds a database connection
+    /// while the client reads).
+    pub export_slots: Arc<tokio::sync::Semaphore>,
+    /// Requests being served at once (see [`WebSettings::max_concurrent_requests`]).
+    pub request_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -92,7 +116,6 @@ impl AppState {
         .map_err(|e| anyhow::anyhow!("dummy password rejected: {e}"))?;
         Ok(AppState {
             pool,
-            settings: Arc::new(settings),
             metrics: Arc::new(ops::Metrics::default()),
             dummy_hash: dummy.into(),
             booking_settings: Arc::new(crate::booking::Settings::default()),
@@ -100,7 +123,56 @@ impl AppState {
             metrics_token: None,
             metrics_attribution: true,
             telemetry_interval_secs: 10,
+            password_slots: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from),
+            )),
+            export_slots: Arc::new(tokio::sync::Semaphore::new(MAX_EXPORTS)),
+            request_slots: Arc::new(tokio::sync::Semaphore::new(
+                settings.max_concurrent_requests.max(1),
+            )),
+            settings: Arc::new(settings),
         })
+    }
+
+    /// Runs `work` (an argon2 hash or check) on the blocking pool once one of
+    /// the [`AppState::password_slots`] is free; 503 when none frees within
+    /// 10 seconds.
+    pub async fn with_password_slot<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, error::AppError> {
+        let permit = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.password_slots.clone().acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            error::AppError::Unavailable(
+                5,
+                "the server is busy checking passwords; try again in a few seconds".into(),
+            )
+        })?;
+        let out = tokio::task::spawn_blocking(move || {
+            let out = work();
+            drop(permit);
+            out
+        })
+        .await
+        .map_err(|e| error::AppError::Internal(e.into()))?;
+        Ok(out)
+    }
+
+    /// Checks `password` against the argon2id hash `stored` (see
+    /// [`AppState::with_password_slot`]).
+    pub async fn check_password(
+        &self,
+        stored: String,
+        password: String,
+    ) -> Result<bool, error::AppError> {
+        self.with_password_slot(move || domain::verify_password(&stored, &password))
+            .await
     }
 }
 
@@ -173,6 +245,34 @@ async fn reject_nul(req: Request, next: Next) -> Response {
         .await
 }
 
+/// Sheds load and bounds time: beyond `max_concurrent_requests` requests
+/// in flight the server answers 503 with `Retry-After` at once (no queue
+/// that grows without bound), and a request that has not produced its
+/// response within `request_timeout` answers 503 (its work is dropped; a
+/// download that has started streams on).
+async fn limits(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use axum::response::IntoResponse;
+    let Ok(_permit) = state.request_slots.clone().try_acquire_owned() else {
+        return error::AppError::Unavailable(
+            2,
+            "the server is at its limit of requests in flight; try again in a moment".into(),
+        )
+        .into_response();
+    };
+    match tokio::time::timeout(state.settings.request_timeout, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => error::AppError::Unavailable(
+            5,
+            "the request took too long and was stopped; try again in a few seconds".into(),
+        )
+        .into_response(),
+    }
+}
+
 /// HSTS when served over HTTPS (`--secure-cookies`): browsers then never
 /// try plain HTTP for a year.
 async fn hsts(
@@ -221,9 +321,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         // Layers run bottom-up on the way in: the request id first, the
         // CSRF check last, right before the handler.
-        .layer(middleware::from_fn(csrf::protect))
+        .layer(middleware::from_fn_with_state(state.clone(), csrf::protect))
         .layer(middleware::from_fn(reject_nul))
         .layer(sessions)
+        .layer(middleware::from_fn_with_state(state.clone(), limits))
         .layer(middleware::from_fn(error::render_errors))
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), hsts))
@@ -246,13 +347,21 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves the application on `listener` until `shutdown` resolves, then
-/// finishes the requests in flight. Also runs the clean-up of expired
-/// sessions and stale throttle rows.
+/// finishes the requests in flight (for at most 30 seconds). Connections
+/// must send a request head within `header_read_timeout`, the first one and
+/// every later one on a kept-alive connection (so idle and slow-loris
+/// connections are closed). Also runs the clean-up of expired sessions and
+/// stale throttle rows.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
     let cleanup_pool = state.pool.clone();
     let cleanup = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(300));
@@ -263,10 +372,56 @@ pub async fn serve(
             }
         }
     });
-    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let header_timeout = state.settings.header_read_timeout;
+    let app = router(state);
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, do not spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let app = app.clone();
+        let service =
+            tower::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                tower::ServiceExt::oneshot(app.clone(), req)
+            });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
     cleanup.abort();
-    result.map_err(Into::into)
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still running 30 s after shutdown began were cut off");
+    }
+    Ok(())
 }

@@ -53,6 +53,20 @@ impl PageCtx {
         })
     }
 
+    /// The layout of the sign-in page: no session is created for it; the
+    /// form's token is the pre-session one (see [`super::csrf`]).
+    pub async fn sign_in(session: &Session, csrf: String) -> Result<Self, AppError> {
+        let flash: Option<String> = session
+            .remove(FLASH_KEY)
+            .await
+            .map_err(|e| AppError::Internal(e.into()))?;
+        Ok(PageCtx {
+            csrf,
+            flash,
+            ..Self::anonymous()
+        })
+    }
+
     /// The layout without a session (error pages).
     pub fn anonymous() -> Self {
         let urls = assets::urls();
@@ -100,10 +114,13 @@ impl ErrorPage {
             StatusCode::FORBIDDEN => "Not allowed",
             StatusCode::UNAUTHORIZED => "Please sign in",
             StatusCode::TOO_MANY_REQUESTS => "Slow down",
+            StatusCode::SERVICE_UNAVAILABLE => "Busy for a moment",
             s if s.is_server_error() => "Something went wrong",
             _ => "That did not work",
         };
-        let message = if status.is_server_error() {
+        // A 503 says why (busy, database away) and when to try again; other
+        // server errors keep their details in the log.
+        let message = if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             "The error has been logged. Please try again in a moment.".to_string()
         } else if status == StatusCode::NOT_FOUND {
             "There is nothing at this address, or you may not see it.".to_string()

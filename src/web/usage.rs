@@ -419,9 +419,22 @@ pub async fn usage_csv(
         ));
     }
     let (from, to) = period(&q)?;
+    // An export holds a database connection for as long as the client
+    // reads: a few at a time, so slow downloads cannot take the pool that
+    // pages need.
+    let slot = state
+        .export_slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            AppError::Unavailable(
+                30,
+                "other usage exports are running; try again in half a minute".into(),
+            )
+        })?;
     let pool = state.pool.clone();
     let currency = state.currency.to_string();
-    let body = async_stream(pool, from, to, tenant_id, currency);
+    let body = async_stream(pool, from, to, tenant_id, currency, slot);
     let name = format!(
         "gpuslice-usage-{from}-{to}{}.csv",
         if q.tenant.is_empty() {
@@ -451,14 +464,24 @@ fn async_stream(
     to: Date,
     tenant_id: Option<i64>,
     currency: String,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    // A client that stops reading for this long loses its download (and
+    // gives back the connection and the export slot).
+    const STALL: std::time::Duration = std::time::Duration::from_secs(60);
+    let send = move |chunk: Result<Bytes, std::io::Error>| {
+        let tx = tx.clone();
+        async move {
+            matches!(
+                tokio::time::timeout(STALL, tx.send(chunk)).await,
+                Ok(Ok(()))
+            )
+        }
+    };
     tokio::spawn(async move {
-        if tx
-            .send(Ok(Bytes::from_static(CSV_HEADER.as_bytes())))
-            .await
-            .is_err()
-        {
+        let _slot = slot;
+        if !send(Ok(Bytes::from_static(CSV_HEADER.as_bytes()))).await {
             return;
         }
         let mut rows = db::usage::day_rows(&pool, from, to, tenant_id, None);
@@ -470,20 +493,20 @@ fn async_stream(
                     if buf.len() >= 64 * 1024 {
                         let chunk =
                             Bytes::from(std::mem::replace(&mut buf, String::with_capacity(70_000)));
-                        if tx.send(Ok(chunk)).await.is_err() {
-                            return; // the client went away
+                        if !send(Ok(chunk)).await {
+                            return; // the client went away or stalled
                         }
                     }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "usage export failed mid-stream");
-                    let _ = tx.send(Err(std::io::Error::other("export failed"))).await;
+                    send(Err(std::io::Error::other("export failed"))).await;
                     return;
                 }
             }
         }
         if !buf.is_empty() {
-            let _ = tx.send(Ok(Bytes::from(buf))).await;
+            send(Ok(Bytes::from(buf))).await;
         }
     });
     Body::from_stream(tokio_stream_from(rx))

@@ -140,6 +140,9 @@ pub struct TestApp {
     pub pool: PgPool,
     pub options: PgConnectOptions,
     pub db_name: String,
+    /// The state the server runs with (its semaphores, for the limit tests).
+    #[allow(dead_code)]
+    pub state: AppState,
 }
 
 impl TestApp {
@@ -154,7 +157,7 @@ impl TestApp {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(gpuslice::web::serve(
             listener,
-            state,
+            state.clone(),
             std::future::pending(),
         ));
         TestApp {
@@ -162,6 +165,7 @@ impl TestApp {
             pool,
             options,
             db_name,
+            state,
         }
     }
 

@@ -116,7 +116,9 @@ pub async fn create_user(
     if let (true, Some(email), Some(name), Some(role), Some(password)) =
         (errors.is_empty(), &email, &name, role, password)
     {
-        let hash = hash_off_runtime(password).await?;
+        let hash = state
+            .with_password_slot(move || domain::hash_password(&password))
+            .await?;
         let mut tx = state.pool.begin().await?;
         match db::users::insert(&mut *tx, email, name, &hash, role).await {
             Ok(id) => {
@@ -151,14 +153,6 @@ pub async fn create_user(
         errors,
     };
     Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
-}
-
-/// Hashes on the blocking pool: argon2id at 19 MiB takes tens of
-/// milliseconds of CPU, which must not stall the async workers.
-pub async fn hash_off_runtime(password: Password) -> Result<String, AppError> {
-    tokio::task::spawn_blocking(move || domain::hash_password(&password))
-        .await
-        .map_err(|e| AppError::Internal(e.into()))
 }
 
 #[derive(Template, WebTemplate)]
@@ -403,7 +397,9 @@ pub async fn reset_password(
             return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
         }
     };
-    let hash = hash_off_runtime(password).await?;
+    let hash = state
+        .with_password_slot(move || domain::hash_password(&password))
+        .await?;
     let mut tx = state.pool.begin().await?;
     db::users::set_password(&mut *tx, id, &hash).await?;
     db::audit::record(
