@@ -603,3 +603,76 @@ async fn an_unreachable_database_answers_503_with_retry_after() {
         .unwrap()
         .contains("database is not reachable"));
 }
+
+#[tokio::test]
+async fn every_form_and_api_field_survives_hostile_input() {
+    // The demo's tenants and accounts, and a fleet to book on.
+    let app = TestApp::spawn().await;
+    gpuslice::cli::seed_demo(&app.pool).await.unwrap();
+    // Every page, every form field and every API field with NUL, invalid
+    // UTF-8, an RTL override, markup, 300 KB of text and numbers out of
+    // range, as each demo role: no 5xx, no markup echoed unescaped.
+    let crawler = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/hostile_crawl.py");
+    let base = app.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args([
+                crawler,
+                base.trim_end_matches('/'),
+                gpuslice::cli::DEMO_PASSWORD,
+            ])
+            .output()
+            .expect("python3 runs the hostile crawler (scripts/test.sh installs it)")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("hostile crawl:"), "{text}");
+    eprintln!("{}", text.lines().last().unwrap_or_default());
+}
+
+#[tokio::test]
+async fn the_exec_socket_reads_one_bounded_line_in_bounded_time() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let app = TestApp::spawn().await;
+    let dir = std::env::temp_dir().join(format!("gpuslice-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("exec.sock");
+    let server = tokio::spawn(gpuslice::sched::exec::serve(
+        app.pool.clone(),
+        path.clone(),
+        Default::default(),
+    ));
+    while !path.exists() {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let reply = |s: tokio::net::UnixStream| async move {
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).await.unwrap();
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    // A megabyte without a newline: read up to the bound, then refused.
+    let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let _ = s.write_all(&vec![b'{'; 1 << 20]).await;
+    let r = reply(s).await;
+    assert_eq!(r["ok"], false);
+    assert!(r["error"].as_str().unwrap().contains("not understood"), "{r}");
+    // Nothing at all: refused after the time limit, not held for ever.
+    let s = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(30), reply(s))
+        .await
+        .expect("the worker let a silent client hold a connection");
+    assert!(r["error"].as_str().unwrap().contains("no request"), "{r}");
+    // A well-formed request still gets its answer.
+    let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+    s.write_all(b"{\"booking\": 42}\n").await.unwrap();
+    let r = reply(s).await;
+    assert!(r["error"].as_str().unwrap().contains("no booking 42"), "{r}");
+    server.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,9 +21,23 @@ pub async fn release(
     reason: Option<&str>,
     client_addr: Option<&str>,
 ) -> Result<Booking, BookingError> {
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    if let Some(r) = reason {
+        if r.chars().count() > super::MAX_REASON_CHARS {
+            return Err(invalid(
+                "reason",
+                format!("say it in at most {} characters", super::MAX_REASON_CHARS),
+            ));
+        }
+        if r.chars().any(char::is_control) {
+            return Err(invalid(
+                "reason",
+                "write the reason on one line, without control characters",
+            ));
+        }
+    }
     let b = visible(pool, who, id).await?;
     let owner = b.user_id == who.user_id;
-    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
     if !owner {
         if !(who.is_admin || who.manages(b.tenant_id)) {
             return Err(BookingError::NotFound);

@@ -20,6 +20,10 @@ macro_rules! text_enum {
             utoipa::ToSchema,
         )]
         #[sqlx(type_name = "text")]
+        // Every text is the variant's name in lower case; said once more
+        // for the OpenAPI generator, which does not read the per-variant
+        // renames through the macro.
+        #[serde(rename_all = "lowercase")]
         pub enum $name {
             $(
                 #[sqlx(rename = $text)]

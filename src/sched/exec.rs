@@ -75,14 +75,39 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
     }
 }
 
+/// Longest request line read from the socket (a request is ~20 bytes).
+pub const MAX_REQUEST_BYTES: u64 = 4096;
+/// How long a client may take to send its request line.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One request line as sent by `gpuslice exec`: `{"booking": N}`, N > 0.
+/// Anything else (not UTF-8, not that JSON, a booking id out of range) is
+/// `None`.
+pub fn parse_request(line: &[u8]) -> Option<Request> {
+    let text = std::str::from_utf8(line).ok()?;
+    serde_json::from_str::<Request>(text.trim_end())
+        .ok()
+        .filter(|r| r.booking > 0)
+}
+
 async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
     let cred = stream.peer_cred()?;
     let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    BufReader::new(read).read_line(&mut line).await?;
-    let reply = match serde_json::from_str::<Request>(&line) {
-        Ok(req) => decide(pool, nodes, req.booking, cred.uid(), cred.pid()).await,
-        Err(_) => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
+    // Any local user can connect: read one bounded line, in bounded time.
+    let mut line = Vec::new();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES));
+    let reply = match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_until(b'\n', &mut line))
+        .await
+    {
+        Err(_) => refuse("no request within 10 seconds"),
+        Ok(read) => {
+            read?;
+            match parse_request(&line) {
+                Some(req) => decide(pool, nodes, req.booking, cred.uid(), cred.pid()).await,
+                None => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
+            }
+        }
     };
     let mut out = serde_json::to_vec(&reply)?;
     out.push(b'\n');

@@ -16,8 +16,7 @@ const MAX_ALERTS: i64 = 1_000;
 
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct AlertsQuery {
-    #[serde(default)]
-    state: String,
+    state: Option<String>,
 }
 
 /// Alerts by state: `firing` (the default), `resolved` or `all`.
@@ -33,8 +32,8 @@ pub async fn alerts(
     user: CurrentUser,
     Query(q): Query<AlertsQuery>,
 ) -> Result<Json<Vec<AlertView>>, AppError> {
-    let states = match q.state.as_str() {
-        "" | "firing" => Some(vec![AlertState::Firing]),
+    let states = match q.state.as_deref().unwrap_or("firing") {
+        "firing" => Some(vec![AlertState::Firing]),
         "resolved" => Some(vec![AlertState::Resolved]),
         "all" => None,
         other => {

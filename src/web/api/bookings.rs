@@ -61,7 +61,7 @@ pub async fn list(
 
 /// The fields of a booking body: strings or numbers, unknown fields
 /// refused by name.
-fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
+pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
     let obj = body
         .as_object()
         .ok_or_else(|| AppError::Unprocessable("the body must be a JSON object".into()))?;
@@ -93,7 +93,13 @@ fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
         match obj.get(k) {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
+            // 1.0 is the whole number 1 (as JSON Schema counts it).
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if !n.is_i64() && !n.is_u64() && f.fract() == 0.0 && f.abs() < 1e15 => {
+                    format!("{}", f as i64)
+                }
+                _ => n.to_string(),
+            },
             Some(_) => {
                 bad.push((k.to_string(), "give a string or a number".to_string()));
                 String::new()
@@ -204,9 +210,9 @@ pub async fn release(
     State(state): State<AppState>,
     user: CurrentUser,
     Path(id): Path<i64>,
-    body: Option<Json<ReleaseBody>>,
+    body: Option<Json<Option<ReleaseBody>>>,
 ) -> Result<Json<BookingView>, AppError> {
-    let reason = body.and_then(|b| b.0.reason);
+    let reason = body.and_then(|b| b.0).and_then(|b| b.reason);
     let b = booking::release(
         &state.pool,
         &requester(&user),

@@ -12,10 +12,13 @@ mod bookings;
 mod usage;
 pub mod views;
 
+pub use bookings::input_from_json;
+
 use std::sync::Arc;
 
 use axum::routing::get;
 use axum::{Json, Router};
+use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{InfoBuilder, OpenApi, ServerBuilder};
 use utoipa_axum::router::OpenApiRouter;
@@ -44,8 +47,147 @@ fn documented() -> OpenApiRouter<AppState> {
 /// at `/openapi.json`.
 pub fn routes() -> Router<AppState> {
     let (router, doc) = documented().split_for_parts();
-    let doc = Arc::new(described(doc));
+    let doc = Arc::new(tightened(described(doc)));
     router.route("/openapi.json", get(move || async move { Json(doc) }))
+}
+
+/// A tenant's slug, as [`crate::domain::Slug`] accepts it.
+const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,38}[a-z0-9]$";
+/// A slug, or empty (the same as not given) in a query.
+const SLUG_OR_EMPTY: &str = "^([a-z0-9][a-z0-9-]{0,38}[a-z0-9])?$";
+/// Free text: no control characters (PostgreSQL cannot store NUL).
+const TEXT_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
+
+/// The document with what the derives cannot say, so that a request the
+/// document calls valid is one the API takes and every answer it can give
+/// is listed: the value sets of query parameters and catalog names, the
+/// body of a booking by kind (`oneOf`), and the answers every operation
+/// may give (400 for a body or path that does not parse, 401, 429 while
+/// throttled, 503 while busy or while the database is away).
+fn tightened(doc: OpenApi) -> Value {
+    let mut doc = serde_json::to_value(doc).expect("the OpenAPI document is JSON");
+    let error = json!({"description": "", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}});
+    let always = [
+        (
+            "400",
+            "the request does not parse (JSON, path, NUL characters)",
+        ),
+        ("401", "no valid token or session"),
+        ("429", "too many requests; see Retry-After"),
+        (
+            "503",
+            "busy or the database is unreachable; see Retry-After",
+        ),
+    ];
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for ops in paths.values_mut().filter_map(Value::as_object_mut) {
+            for op in ops.values_mut() {
+                let has_body = op.get("requestBody").is_some();
+                if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                    for (code, r) in responses.iter_mut() {
+                        if r.get("description").is_none() {
+                            let reason = code
+                                .parse::<u16>()
+                                .ok()
+                                .and_then(|c| axum::http::StatusCode::from_u16(c).ok())
+                                .and_then(|c| c.canonical_reason())
+                                .unwrap_or("answer");
+                            r["description"] = json!(reason);
+                        }
+                    }
+                    let body_errors = [(
+                        "415",
+                        "the body is not JSON (Content-Type: application/json)",
+                    )];
+                    let extra = if has_body { &body_errors[..] } else { &[] };
+                    for (code, why) in always.iter().chain(extra).copied() {
+                        responses.entry(code).or_insert_with(|| {
+                            let mut e = error.clone();
+                            e["description"] = json!(why);
+                            e
+                        });
+                    }
+                }
+                let params = op.get_mut("parameters").and_then(Value::as_array_mut);
+                for param in params.into_iter().flatten() {
+                    let schema = match param["name"].as_str() {
+                        // Empty is the same as not given.
+                        Some("tenant") => json!({"type": "string", "pattern": SLUG_OR_EMPTY}),
+                        // Blank or not given: the current month.
+                        Some("from" | "to") => {
+                            param["required"] = json!(false);
+                            json!({"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "pattern": "^\\s*$"}]})
+                        }
+                        Some("scope") => {
+                            json!({"type": "string", "enum": ["mine", "tenant", "all"]})
+                        }
+                        Some("state") => {
+                            json!({"type": "string", "enum": ["firing", "resolved", "all"]})
+                        }
+                        Some("id") => json!({"type": "integer", "format": "int64", "minimum": 1}),
+                        Some("Idempotency-Key") => {
+                            json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\u0020-\\u007e]*$"})
+                        }
+                        _ => continue,
+                    };
+                    param["schema"] = schema;
+                }
+            }
+        }
+    }
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["BookingBody"] = booking_body_schema();
+    schemas["ExtendBody"] = json!({
+        "type": "object", "required": ["hours"], "additionalProperties": false,
+        "properties": {"hours": {"type": "integer", "minimum": 1, "maximum": crate::domain::booking::MAX_HOURS, "description": "Hours to add."}}
+    });
+    schemas["ReleaseBody"] = json!({
+        "type": ["object", "null"], "additionalProperties": false,
+        "description": "A reason is needed to end someone else's booking.",
+        "properties": {"reason": {"type": ["string", "null"], "maxLength": crate::booking::MAX_REASON_CHARS, "pattern": TEXT_PATTERN}}
+    });
+    doc
+}
+
+/// `POST /bookings`: a MIG instance (a profile of the catalog) or a
+/// time-sliced share (GPU memory), by `kind`.
+fn booking_body_schema() -> Value {
+    use crate::gpu::catalog;
+    let mut profiles: Vec<&str> = catalog::models()
+        .iter()
+        .flat_map(|m| m.profiles.iter().map(|p| p.name.as_str()))
+        .collect();
+    profiles.sort_unstable();
+    profiles.dedup();
+    let mut models: Vec<&str> = catalog::models().iter().map(|m| m.id).collect();
+    models.push("any");
+    let common = json!({
+        "tenant": {"type": "string", "pattern": SLUG_PATTERN, "description": "Your tenant's slug."},
+        "model": {"type": ["string", "null"], "enum": models.iter().map(|m| json!(m)).chain([Value::Null]).collect::<Vec<_>>(), "description": "A catalog model; omitted or any: any model."},
+        "start": {"type": ["string", "null"], "format": "date-time", "description": "RFC 3339; omitted: now. It may not lie in the past nor beyond the booking horizon."},
+        "hours": {"type": "integer", "minimum": 1, "maximum": crate::domain::booking::MAX_HOURS, "description": "At most the tenant's longest booking."},
+    });
+    let with = |extra: Value, required: &[&str]| {
+        let mut props = common.clone();
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            props[k] = v.clone();
+        }
+        json!({"type": "object", "additionalProperties": false, "required": required, "properties": props})
+    };
+    json!({
+        "description": "A new booking: a MIG instance (kind mig, a profile) or a time-sliced share (kind timeslice, GPU memory). Numbers may also be given as strings.",
+        "oneOf": [
+            with(json!({
+                "kind": {"type": "string", "enum": ["mig"]},
+                "profile": {"type": "string", "enum": profiles, "description": "A MIG profile of the model (of any model when none is given)."},
+            }), &["tenant", "kind", "profile", "hours"]),
+            with(json!({
+                "kind": {"type": "string", "enum": ["timeslice"]},
+                "memory_gib": {"type": "integer", "minimum": 1, "maximum": 1024, "description": "GPU memory of the share in GiB."},
+                "priority": {"type": ["string", "null"], "enum": ["high", "normal", "low", "default", null], "description": "Omitted or default: the tenant's default."},
+            }), &["tenant", "kind", "memory_gib", "hours"]),
+        ]
+    })
 }
 
 /// The generated document with what the routes do not say: title,

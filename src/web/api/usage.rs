@@ -18,8 +18,8 @@ const MAX_ROWS: usize = 100_000;
 /// bookings, or of `tenant` (managers, finance, admins).
 #[utoipa::path(get, path = "/usage",
     params(
-        ("from" = String, Query, description = "first day, YYYY-MM-DD"),
-        ("to" = String, Query, description = "last day, YYYY-MM-DD"),
+        ("from" = Option<String>, Query, description = "first day, YYYY-MM-DD; omitted: the first of this month"),
+        ("to" = Option<String>, Query, description = "last day, YYYY-MM-DD; omitted: today"),
         ("tenant" = Option<String>, Query, description = "a tenant's slug"),
     ),
     responses(

@@ -141,14 +141,17 @@ pub struct BookingBody {
 /// `POST /bookings/{id}/release`: a reason is needed to end someone
 /// else's booking.
 #[derive(Debug, Default, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     pub reason: Option<String>,
 }
 
 /// `POST /bookings/{id}/extend`.
 #[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExtendBody {
     /// Hours to add.
+    #[serde(deserialize_with = "whole_number")]
     pub hours: i32,
 }
 
@@ -256,5 +259,16 @@ impl From<crate::db::alerts::Alert> for AlertView {
             resolved_at: a.resolved_at.map(rfc3339),
             acknowledged: a.acked_at.is_some(),
         }
+    }
+}
+
+/// A whole number, also when written with a zero fraction (`1.0` is the
+/// integer 1 to JSON Schema).
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    let n = <f64 as serde::Deserialize>::deserialize(d)?;
+    if n.fract() == 0.0 && n >= f64::from(i32::MIN) && n <= f64::from(i32::MAX) {
+        Ok(n as i32)
+    } else {
+        Err(serde::de::Error::custom("give a whole number"))
     }
 }
