@@ -170,7 +170,8 @@ async fn cookies_are_http_only_and_same_site() {
     secure.user("ada@uni.edu", "none", &[]).await;
     let c = secure.client();
     let r = c.get(secure.url("/login")).send().await.unwrap();
-    assert!(set_cookie(&r, "gpuslice_presign").contains("Secure"));
+    // Over HTTPS the cookie carries the __Host- prefix (no cookie tossing).
+    assert!(set_cookie(&r, "__Host-gpuslice_presign").contains("Secure"));
     // reqwest keeps Secure cookies only over HTTPS: sign in by hand.
     let token = common::extract_csrf(&r.text().await.unwrap()).unwrap();
     let r = reqwest::Client::builder()
@@ -178,7 +179,7 @@ async fn cookies_are_http_only_and_same_site() {
         .build()
         .unwrap()
         .post(secure.url("/login"))
-        .header("cookie", format!("gpuslice_presign={token}"))
+        .header("cookie", format!("__Host-gpuslice_presign={token}"))
         .form(&[
             ("csrf_token", token.as_str()),
             ("email", "ada@uni.edu"),

@@ -661,7 +661,10 @@ async fn the_exec_socket_reads_one_bounded_line_in_bounded_time() {
     let _ = s.write_all(&vec![b'{'; 1 << 20]).await;
     let r = reply(s).await;
     assert_eq!(r["ok"], false);
-    assert!(r["error"].as_str().unwrap().contains("not understood"), "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("not understood"),
+        "{r}"
+    );
     // Nothing at all: refused after the time limit, not held for ever.
     let s = tokio::net::UnixStream::connect(&path).await.unwrap();
     let r = tokio::time::timeout(std::time::Duration::from_secs(30), reply(s))
@@ -672,7 +675,69 @@ async fn the_exec_socket_reads_one_bounded_line_in_bounded_time() {
     let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
     s.write_all(b"{\"booking\": 42}\n").await.unwrap();
     let r = reply(s).await;
-    assert!(r["error"].as_str().unwrap().contains("no booking 42"), "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("no booking 42"),
+        "{r}"
+    );
     server.abort();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_tenant_that_is_no_slug_is_refused_even_where_it_is_unused() {
+    let app = TestApp::spawn().await;
+    app.tenant("lab").await;
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    let token = gpuslice::cli::token_create(&app.pool, "ana@uni.edu", "t")
+        .await
+        .unwrap();
+    let get = |q: &'static str| {
+        reqwest::Client::new()
+            .get(app.url(&format!("/api/v1/bookings?{q}")))
+            .bearer_auth(&token)
+            .send()
+    };
+    for q in ["scope=mine&tenant=%C2%A2", "tenant=%20lab", "tenant=LAB"] {
+        let r = get(q).await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{q}");
+    }
+    // Blank is the same as not given.
+    assert_eq!(get("tenant=").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        get("scope=tenant&tenant=lab").await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+}
+
+#[tokio::test]
+async fn a_typed_address_cannot_name_another_accounts_counter() {
+    let app = TestApp::spawn().await;
+    app.user("ada@uni.edu", "none", &[]).await;
+    // Ten guesses "for" ada@uni.edu|127.0.0.1: an account-wide key that
+    // once equalled Ada's own counter at this address.
+    for _ in 0..10 {
+        let c = app.client();
+        let r = app
+            .login_as(&c, "ada@uni.edu|127.0.0.1", "guess guess guess")
+            .await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    let c = app.client();
+    assert_eq!(
+        app.login_as(&c, "ada@uni.edu", PASSWORD).await.status(),
+        StatusCode::SEE_OTHER
+    );
+}
+
+#[test]
+fn ipv6_clients_are_counted_by_their_64_and_mapped_ipv4_as_ipv4() {
+    use gpuslice::web::auth::throttle_scope;
+    assert_eq!(
+        throttle_scope("2001:db8:1:2:aaaa:bbbb:cccc:1"),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(throttle_scope("2001:db8:1:2::99"), "2001:db8:1:2::/64");
+    assert_eq!(throttle_scope("::ffff:10.0.0.1"), "10.0.0.1");
+    assert_eq!(throttle_scope("192.0.2.7"), "192.0.2.7");
+    assert_eq!(throttle_scope("unknown"), "unknown");
 }

@@ -68,7 +68,8 @@ impl Database {
 pub async fn connect(options: PgConnectOptions) -> Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(16)
-        .acquire_timeout(Duration::from_secs(10))
+        // While the database is away a page answers 503 after this long.
+        .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
         .context("cannot connect to PostgreSQL")

@@ -62,12 +62,21 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666));
     tracing::info!(socket = %path.display(), "exec socket ready");
+    // Connections served at once: a local user cannot take every file
+    // descriptor of the worker.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            tracing::warn!("exec socket: too many connections at once; one refused");
+            continue;
+        };
         let (pool, nodes) = (pool.clone(), nodes.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = handle(&pool, &nodes, stream).await {
                 tracing::warn!(error = %e, "exec request failed");
             }
@@ -75,6 +84,8 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
     }
 }
 
+/// Connections the socket serves at once.
+const MAX_CONNECTIONS: usize = 64;
 /// Longest request line read from the socket (a request is ~20 bytes).
 pub const MAX_REQUEST_BYTES: u64 = 4096;
 /// How long a client may take to send its request line.

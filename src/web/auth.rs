@@ -37,6 +37,19 @@ const ACCOUNT_LIMIT: i32 = 10;
 const ACCOUNT_CEILING: i32 = 50;
 const WINDOW_SECS: i32 = 15 * 60;
 
+/// What throttling counts as one client: an IPv4 address, or an IPv6
+/// address's /64 network (a host usually owns a whole /64, and privacy
+/// addresses rotate inside it).
+pub fn throttle_scope(addr: &str) -> String {
+    match addr.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+        Ok(IpAddr::V6(v6)) => ipnet::Ipv6Net::new(v6, 64)
+            .map(|n| n.trunc().to_string())
+            .unwrap_or_else(|_| addr.to_string()),
+        Ok(v4) => v4.to_string(),
+        Err(_) => addr.to_string(),
+    }
+}
+
 /// The three throttle counters one sign-in attempt counts against.
 struct ThrottleKeys {
     address: String,
@@ -45,10 +58,13 @@ struct ThrottleKeys {
 }
 
 impl ThrottleKeys {
+    /// Each counter has its own prefix, so no typed e-mail address can
+    /// name another counter's key (`x@y|1.2.3.4` as an address must not
+    /// count against the owner of `x@y` at 1.2.3.4).
     fn new(addr: &str, email: &str) -> Self {
         ThrottleKeys {
             address: format!("ip:{addr}"),
-            pair: format!("account:{email}|{addr}"),
+            pair: format!("pair:{email}|{addr}"),
             account: format!("account:{email}"),
         }
     }
@@ -110,10 +126,11 @@ impl CurrentUser {
 /// `--trusted-proxies` entries are walked from the right past the trusted
 /// proxies' own addresses.
 pub fn client_addr(parts: &Parts, settings: &super::WebSettings) -> String {
+    // IPv4 clients of a server bound to `[::]` arrive as ::ffff:a.b.c.d.
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ci| ci.0.ip());
+        .map(|ci| ci.0.ip().to_canonical());
     let xff: Vec<&str> = parts
         .headers
         .get_all("x-forwarded-for")
@@ -162,16 +179,17 @@ pub fn forwarded_client(
 
 /// An address as proxies write it: bare, or IPv6 in brackets, or with a port.
 fn parse_forwarded_ip(entry: &str) -> Option<IpAddr> {
-    if let Ok(ip) = entry.parse() {
-        return Some(ip);
-    }
-    if let Ok(sock) = entry.parse::<SocketAddr>() {
-        return Some(sock.ip());
-    }
-    entry
-        .strip_prefix('[')
-        .and_then(|e| e.strip_suffix(']'))
-        .and_then(|e| e.parse().ok())
+    let ip = entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|s| s.ip()))
+        .or_else(|| {
+            entry
+                .strip_prefix('[')
+                .and_then(|e| e.strip_suffix(']'))
+                .and_then(|e| e.parse().ok())
+        })?;
+    Some(ip.to_canonical())
 }
 
 /// The bearer token of a request, if it carries one.
@@ -229,26 +247,22 @@ impl FromRequestParts<AppState> for CurrentUser {
 /// The user id of a live session, ending the session when the account was
 /// disabled, its password reset, or the absolute lifetime is over.
 async fn session_user(session: &Session, state: &AppState) -> Result<i64, AppError> {
-    let uid: Option<i64> = session.get(SESSION_USER).await.map_err(anyhow_err)?;
+    let uid: Option<i64> = session.get(SESSION_USER).await?;
     let Some(uid) = uid else {
         return Err(AppError::Unauthenticated);
     };
-    let epoch: Option<i32> = session.get(SESSION_EPOCH).await.map_err(anyhow_err)?;
-    let login_at: Option<i64> = session.get(SESSION_LOGIN_AT).await.map_err(anyhow_err)?;
+    let epoch: Option<i32> = session.get(SESSION_EPOCH).await?;
+    let login_at: Option<i64> = session.get(SESSION_LOGIN_AT).await?;
     let current_epoch = db::users::live_session_epoch(&state.pool, uid).await?;
     let age = OffsetDateTime::now_utc().unix_timestamp() - login_at.unwrap_or(0);
     let alive = current_epoch.is_some()
         && current_epoch == epoch
         && age < state.settings.session_absolute_secs;
     if !alive {
-        session.flush().await.map_err(anyhow_err)?;
+        session.flush().await?;
         return Err(AppError::Unauthenticated);
     }
     Ok(uid)
-}
-
-fn anyhow_err(e: impl std::error::Error + Send + Sync + 'static) -> AppError {
-    AppError::Internal(anyhow::Error::new(e))
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,7 +361,10 @@ pub async fn login(
         return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
     }
     let email_key = form.email.trim().to_lowercase();
-    let keys = ThrottleKeys::new(&addr, &email_key);
+    // An IPv6 client is counted by its /64 (one host can use the whole
+    // block); so are its known addresses.
+    let addr_key = throttle_scope(&addr);
+    let keys = ThrottleKeys::new(&addr_key, &email_key);
     let creds = match Email::parse(&form.email) {
         Ok(email) => db::users::credentials(&state.pool, &email).await?,
         Err(_) => None,
@@ -365,7 +382,7 @@ pub async fn login(
     let (n, left) = db::throttle::hit(&state.pool, &keys.account, WINDOW_SECS).await?;
     if n > ACCOUNT_CEILING {
         let known = match &creds {
-            Some(c) => db::throttle::known_address(&state.pool, c.id, &addr).await?,
+            Some(c) => db::throttle::known_address(&state.pool, c.id, &addr_key).await?,
             None => false,
         };
         if !known {
@@ -417,23 +434,16 @@ pub async fn login(
     };
 
     // A fresh session id at sign-in defeats session fixation.
-    session.cycle_id().await.map_err(anyhow_err)?;
-    session
-        .insert(SESSION_USER, creds.id)
-        .await
-        .map_err(anyhow_err)?;
-    session
-        .insert(SESSION_EPOCH, creds.session_epoch)
-        .await
-        .map_err(anyhow_err)?;
+    session.cycle_id().await?;
+    session.insert(SESSION_USER, creds.id).await?;
+    session.insert(SESSION_EPOCH, creds.session_epoch).await?;
     session
         .insert(SESSION_LOGIN_AT, OffsetDateTime::now_utc().unix_timestamp())
-        .await
-        .map_err(anyhow_err)?;
+        .await?;
     super::csrf::rotate(&session).await?;
     keys.forgive(&state.pool).await?;
     db::throttle::clear(&state.pool, &keys.pair).await?;
-    db::throttle::remember_address(&state.pool, creds.id, &addr).await?;
+    db::throttle::remember_address(&state.pool, creds.id, &addr_key).await?;
     db::users::record_login(&state.pool, creds.id, true).await?;
     db::audit::record(
         &state.pool,
@@ -444,8 +454,10 @@ pub async fn login(
     )
     .await?;
     let mut resp = Redirect::to(&next).into_response();
-    resp.headers_mut()
-        .append(header::SET_COOKIE, super::csrf::clear_pre_cookie());
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        super::csrf::clear_pre_cookie(state.settings.secure_cookies),
+    );
     Ok(resp)
 }
 
@@ -465,7 +477,7 @@ pub async fn logout(
         .await?;
     }
     // Deletes the session row: the cookie is worthless from now on.
-    session.flush().await.map_err(anyhow_err)?;
+    session.flush().await?;
     Ok(Redirect::to("/login").into_response())
 }
 

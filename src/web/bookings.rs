@@ -89,16 +89,27 @@ pub(crate) async fn scope_of(
     user: &CurrentUser,
     q: &ListQuery,
 ) -> Result<Scope, AppError> {
+    // Blank is the same as not given; anything else must be a slug.
+    let tenant = q.tenant.as_deref().filter(|t| !t.is_empty());
+    if let Some(t) = tenant {
+        let slug = crate::domain::Slug::parse(t).map_err(|e| AppError::invalid("tenant", e))?;
+        if slug.as_str() != t {
+            return Err(AppError::invalid(
+                "tenant",
+                "a slug has no spaces around it",
+            ));
+        }
+    }
     match q
         .scope
         .as_deref()
-        .unwrap_or(if q.tenant.is_some() { "tenant" } else { "mine" })
+        .unwrap_or(if tenant.is_some() { "tenant" } else { "mine" })
     {
         "mine" => Ok(Scope::User(user.user.id)),
         "all" if user.is_admin() => Ok(Scope::All),
         "all" => Err(AppError::Forbidden("only admins see every booking".into())),
         "tenant" => {
-            let slug = q.tenant.as_deref().unwrap_or_default();
+            let slug = tenant.unwrap_or_default();
             let id = db::tenants::id_by_slug(&state.pool, slug)
                 .await?
                 .ok_or(AppError::NotFound)?;

@@ -31,6 +31,17 @@ use super::error::AppError;
 const SESSION_KEY: &str = "csrf";
 /// The cookie that carries the sign-in form's token before any session.
 pub const PRE_COOKIE: &str = "gpuslice_presign";
+/// Its name over HTTPS: the `__Host-` prefix makes browsers refuse it from
+/// a sibling subdomain or with a narrower path (no cookie tossing).
+pub const PRE_COOKIE_SECURE: &str = "__Host-gpuslice_presign";
+
+fn pre_cookie_name(secure: bool) -> &'static str {
+    if secure {
+        PRE_COOKIE_SECURE
+    } else {
+        PRE_COOKIE
+    }
+}
 pub const FIELD: &str = "csrf_token";
 pub const HEADER: &str = "x-csrf-token";
 /// Largest form body read to find the token.
@@ -44,10 +55,7 @@ fn new_token() -> String {
 
 /// The session's token, created on first use.
 pub async fn token(session: &Session) -> Result<String, AppError> {
-    let existing: Option<String> = session
-        .get(SESSION_KEY)
-        .await
-        .map_err(|e| AppError::Internal(e.into()))?;
+    let existing: Option<String> = session.get(SESSION_KEY).await?;
     match existing {
         Some(t) => Ok(t),
         None => rotate(session).await,
@@ -57,22 +65,20 @@ pub async fn token(session: &Session) -> Result<String, AppError> {
 /// Replaces the session's token (at sign-in).
 pub async fn rotate(session: &Session) -> Result<String, AppError> {
     let t = new_token();
-    session
-        .insert(SESSION_KEY, &t)
-        .await
-        .map_err(|e| AppError::Internal(e.into()))?;
+    session.insert(SESSION_KEY, &t).await?;
     Ok(t)
 }
 
 /// The pre-session token a request carries in [`PRE_COOKIE`], if well formed.
-fn pre_cookie(headers: &HeaderMap) -> Option<String> {
+fn pre_cookie(headers: &HeaderMap, secure: bool) -> Option<String> {
+    let wanted = pre_cookie_name(secure);
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == PRE_COOKIE)
+        .find(|(name, _)| *name == wanted)
         .map(|(_, value)| value.to_string())
         .filter(|v| {
             v.len() == 43
@@ -84,20 +90,27 @@ fn pre_cookie(headers: &HeaderMap) -> Option<String> {
 /// The sign-in form's token: the one in the visitor's [`PRE_COOKIE`], or a
 /// new one with the `Set-Cookie` header that hands it out.
 pub fn pre_session_token(headers: &HeaderMap, secure: bool) -> (String, Option<HeaderValue>) {
-    if let Some(t) = pre_cookie(headers) {
+    if let Some(t) = pre_cookie(headers, secure) {
         return (t, None);
     }
     let t = new_token();
     let cookie = format!(
-        "{PRE_COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict; Max-Age=7200{}",
+        "{}={t}; Path=/; HttpOnly; SameSite=Strict; Max-Age=7200{}",
+        pre_cookie_name(secure),
         if secure { "; Secure" } else { "" }
     );
     (t, HeaderValue::from_str(&cookie).ok())
 }
 
 /// The `Set-Cookie` header that deletes [`PRE_COOKIE`] (at sign-in).
-pub fn clear_pre_cookie() -> HeaderValue {
-    HeaderValue::from_static("gpuslice_presign=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+pub fn clear_pre_cookie(secure: bool) -> HeaderValue {
+    if secure {
+        HeaderValue::from_static(
+            "__Host-gpuslice_presign=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0; Secure",
+        )
+    } else {
+        HeaderValue::from_static("gpuslice_presign=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
 }
 
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -122,18 +135,14 @@ pub async fn protect(
             Err(e) => e.into_response(),
         };
     }
+    let signed_in = match session.get::<i64>(super::auth::SESSION_USER).await {
+        Ok(uid) => uid.is_some(),
+        Err(e) => return AppError::from(e).into_response(),
+    };
     // An API call with neither a token nor a signed-in session has no
     // authority to forge: let it through to its clear 401.
-    if req.uri().path().starts_with("/api/") {
-        let signed_in = session
-            .get::<i64>(super::auth::SESSION_USER)
-            .await
-            .ok()
-            .flatten()
-            .is_some();
-        if !signed_in {
-            return next.run(req).await;
-        }
+    if !signed_in && req.uri().path().starts_with("/api/") {
+        return next.run(req).await;
     }
     if req
         .headers()
@@ -142,12 +151,25 @@ pub async fn protect(
     {
         return AppError::Csrf.into_response();
     }
-    let expected: Option<String> = session.get(SESSION_KEY).await.ok().flatten();
-    let Some(expected) = expected.or_else(|| pre_cookie(req.headers())) else {
+    // The session's token; before sign-in also the sign-in form's cookie
+    // token (a session from before sign-in may hold a token of its own).
+    let mut expected: Vec<String> = match session.get(SESSION_KEY).await {
+        Ok(t) => t.into_iter().collect(),
+        Err(e) => return AppError::from(e).into_response(),
+    };
+    if !signed_in {
+        expected.extend(pre_cookie(req.headers(), state.settings.secure_cookies));
+    }
+    if expected.is_empty() {
         return AppError::Csrf.into_response();
+    }
+    let matches = |sent: &[u8]| {
+        expected
+            .iter()
+            .any(|e| constant_time_eq(sent, e.as_bytes()))
     };
     if let Some(sent) = req.headers().get(HEADER) {
-        if constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
+        if matches(sent.as_bytes()) {
             return next.run(req).await;
         }
         return AppError::Csrf.into_response();
@@ -167,7 +189,7 @@ pub async fn protect(
         .find(|(k, _)| k == FIELD)
         .map(|(_, v)| v.into_owned());
     match sent {
-        Some(s) if constant_time_eq(s.as_bytes(), expected.as_bytes()) => {
+        Some(s) if matches(s.as_bytes()) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }

@@ -57,6 +57,25 @@ impl From<sqlx::Error> for AppError {
     }
 }
 
+/// A session that cannot be read or written: the store is PostgreSQL, so a
+/// store error means the database is away (503); a session that does not
+/// (de)serialise is a bug (500).
+impl From<tower_sessions::session::Error> for AppError {
+    fn from(e: tower_sessions::session::Error) -> Self {
+        match e {
+            tower_sessions::session::Error::Store(store) => {
+                tracing::warn!(error = %store, "session store unavailable");
+                AppError::Unavailable(
+                    5,
+                    "the database is not reachable at the moment; try again in a few seconds"
+                        .into(),
+                )
+            }
+            other => AppError::Internal(other.into()),
+        }
+    }
+}
+
 impl AppError {
     /// Bad input in one field.
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {

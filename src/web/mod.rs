@@ -104,6 +104,9 @@ pub struct AppState {
     pub export_slots: Arc<tokio::sync::Semaphore>,
     /// Requests being served at once (see [`WebSettings::max_concurrent_requests`]).
     pub request_slots: Arc<tokio::sync::Semaphore>,
+    /// Requests in flight per client (address, or IPv6 /64): one client may
+    /// hold at most an eighth of the request slots.
+    pub in_flight: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 impl AppState {
@@ -130,6 +133,7 @@ impl AppState {
             request_slots: Arc::new(tokio::sync::Semaphore::new(
                 settings.max_concurrent_requests.max(1),
             )),
+            in_flight: Arc::default(),
             settings: Arc::new(settings),
         })
     }
@@ -256,12 +260,18 @@ async fn limits(
     next: Next,
 ) -> Response {
     use axum::response::IntoResponse;
+    let busy = |what: &str| {
+        error::AppError::Unavailable(2, format!("{what}; try again in a moment")).into_response()
+    };
+    let (parts, body) = req.into_parts();
+    let client = auth::throttle_scope(&auth::client_addr(&parts, &state.settings));
+    let req = Request::from_parts(parts, body);
+    let per_client = (state.settings.max_concurrent_requests / 8).max(1);
+    let Some(_mine) = ClientSlot::take(&state.in_flight, client, per_client) else {
+        return busy("you have too many requests in flight");
+    };
     let Ok(_permit) = state.request_slots.clone().try_acquire_owned() else {
-        return error::AppError::Unavailable(
-            2,
-            "the server is at its limit of requests in flight; try again in a moment".into(),
-        )
-        .into_response();
+        return busy("the server is at its limit of requests in flight");
     };
     match tokio::time::timeout(state.settings.request_timeout, next.run(req)).await {
         Ok(resp) => resp,
@@ -270,6 +280,43 @@ async fn limits(
             "the request took too long and was stopped; try again in a few seconds".into(),
         )
         .into_response(),
+    }
+}
+
+/// One request of a client in [`AppState::in_flight`], given back on drop.
+struct ClientSlot {
+    map: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    client: String,
+}
+
+impl ClientSlot {
+    fn take(
+        map: &Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+        client: String,
+        limit: usize,
+    ) -> Option<ClientSlot> {
+        let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(client.clone()).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            map: map.clone(),
+            client,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.client);
+            }
+        }
     }
 }
 
@@ -347,10 +394,11 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves the application on `listener` until `shutdown` resolves, then
-/// finishes the requests in flight (for at most 30 seconds). Connections
-/// must send a request head within `header_read_timeout`, the first one and
-/// every later one on a kept-alive connection (so idle and slow-loris
-/// connections are closed). Also runs the clean-up of expired sessions and
+/// finishes the requests in flight (for at most 30 seconds). HTTP/1.1.
+/// Connections must send a request head within `header_read_timeout` of
+/// opening, and each later one within as long of the last answer on a
+/// kept-alive connection (so silent, idle and slow-loris connections are
+/// closed). Also runs the clean-up of expired sessions and
 /// stale throttle rows.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -374,15 +422,16 @@ pub async fn serve(
     });
     let header_timeout = state.settings.header_read_timeout;
     let app = router(state);
-    let mut builder = Builder::new(TokioExecutor::new());
+    // HTTP/1.1 only (a TLS proxy in front speaks it to its backends):
+    // detecting HTTP/2 would first read the connection's opening bytes
+    // without any timer, so a client that connects and sends nothing would
+    // be held for ever (hyper issues 3756 and 3962). Without detection,
+    // hyper's header timer runs from the connection's first poll.
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -405,8 +454,9 @@ pub async fn serve(
                     .insert(axum::extract::ConnectInfo(peer));
                 tower::ServiceExt::oneshot(app.clone(), req)
             });
+        let _ = stream.set_nodelay(true);
         let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

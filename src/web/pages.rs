@@ -36,10 +36,7 @@ pub struct PageCtx {
 impl PageCtx {
     pub async fn new(session: &Session, user: Option<&CurrentUser>) -> Result<Self, AppError> {
         let csrf = super::csrf::token(session).await?;
-        let flash: Option<String> = session
-            .remove(FLASH_KEY)
-            .await
-            .map_err(|e| AppError::Internal(e.into()))?;
+        let flash: Option<String> = session.remove(FLASH_KEY).await?;
         Ok(PageCtx {
             user: user.map(|u| NavUser {
                 email: u.user.email.clone(),
@@ -56,10 +53,7 @@ impl PageCtx {
     /// The layout of the sign-in page: no session is created for it; the
     /// form's token is the pre-session one (see [`super::csrf`]).
     pub async fn sign_in(session: &Session, csrf: String) -> Result<Self, AppError> {
-        let flash: Option<String> = session
-            .remove(FLASH_KEY)
-            .await
-            .map_err(|e| AppError::Internal(e.into()))?;
+        let flash: Option<String> = session.remove(FLASH_KEY).await?;
         Ok(PageCtx {
             csrf,
             flash,
@@ -86,7 +80,7 @@ pub async fn flash(session: &Session, message: impl Into<String>) -> Result<(), 
     session
         .insert(FLASH_KEY, message.into())
         .await
-        .map_err(|e| AppError::Internal(e.into()))
+        .map_err(AppError::from)
 }
 
 #[derive(Template, WebTemplate)]

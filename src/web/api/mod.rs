@@ -55,6 +55,8 @@ pub fn routes() -> Router<AppState> {
 const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,38}[a-z0-9]$";
 /// A slug, or empty (the same as not given) in a query.
 const SLUG_OR_EMPTY: &str = "^([a-z0-9][a-z0-9-]{0,38}[a-z0-9])?$";
+/// The same, or `*` (every tenant: finance and admins, `GET /usage`).
+const SLUG_OR_EMPTY_OR_ALL: &str = "^(\\*|[a-z0-9][a-z0-9-]{0,38}[a-z0-9])?$";
 /// Free text: no control characters (PostgreSQL cannot store NUL).
 const TEXT_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 
@@ -80,7 +82,10 @@ fn tightened(doc: OpenApi) -> Value {
         ),
     ];
     if let Some(paths) = doc["paths"].as_object_mut() {
-        for ops in paths.values_mut().filter_map(Value::as_object_mut) {
+        for (path, ops) in paths.iter_mut() {
+            let Some(ops) = ops.as_object_mut() else {
+                continue;
+            };
             for op in ops.values_mut() {
                 let has_body = op.get("requestBody").is_some();
                 if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
@@ -110,22 +115,32 @@ fn tightened(doc: OpenApi) -> Value {
                 }
                 let params = op.get_mut("parameters").and_then(Value::as_array_mut);
                 for param in params.into_iter().flatten() {
-                    let schema = match param["name"].as_str() {
+                    let schema = match (param["in"].as_str(), param["name"].as_str()) {
+                        (Some("query"), Some(name)) => name,
+                        (Some("path"), Some("id")) => "id",
+                        (Some("header"), Some("Idempotency-Key")) => "Idempotency-Key",
+                        _ => continue,
+                    };
+                    let schema = match schema {
+                        // `*`: every tenant (finance and admins).
+                        "tenant" if path == "/usage" => {
+                            json!({"type": "string", "pattern": SLUG_OR_EMPTY_OR_ALL})
+                        }
                         // Empty is the same as not given.
-                        Some("tenant") => json!({"type": "string", "pattern": SLUG_OR_EMPTY}),
+                        "tenant" => json!({"type": "string", "pattern": SLUG_OR_EMPTY}),
                         // Blank or not given: the current month.
-                        Some("from" | "to") => {
+                        "from" | "to" => {
                             param["required"] = json!(false);
                             json!({"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "pattern": "^\\s*$"}]})
                         }
-                        Some("scope") => {
+                        "scope" => {
                             json!({"type": "string", "enum": ["mine", "tenant", "all"]})
                         }
-                        Some("state") => {
+                        "state" => {
                             json!({"type": "string", "enum": ["firing", "resolved", "all"]})
                         }
-                        Some("id") => json!({"type": "integer", "format": "int64", "minimum": 1}),
-                        Some("Idempotency-Key") => {
+                        "id" => json!({"type": "integer", "format": "int64", "minimum": 1}),
+                        "Idempotency-Key" => {
                             json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\u0020-\\u007e]*$"})
                         }
                         _ => continue,
@@ -142,8 +157,8 @@ fn tightened(doc: OpenApi) -> Value {
         "properties": {"hours": {"type": "integer", "minimum": 1, "maximum": crate::domain::booking::MAX_HOURS, "description": "Hours to add."}}
     });
     schemas["ReleaseBody"] = json!({
-        "type": ["object", "null"], "additionalProperties": false,
-        "description": "A reason is needed to end someone else's booking.",
+        "type": "object", "additionalProperties": false,
+        "description": "A reason is needed to end someone else's booking. The body may be omitted or null.",
         "properties": {"reason": {"type": ["string", "null"], "maxLength": crate::booking::MAX_REASON_CHARS, "pattern": TEXT_PATTERN}}
     });
     doc
@@ -174,18 +189,24 @@ fn booking_body_schema() -> Value {
         }
         json!({"type": "object", "additionalProperties": false, "required": required, "properties": props})
     };
+    let with_example = |mut schema: Value, example: Value| {
+        schema["examples"] = json!([example]);
+        schema
+    };
     json!({
         "description": "A new booking: a MIG instance (kind mig, a profile) or a time-sliced share (kind timeslice, GPU memory). Numbers may also be given as strings.",
         "oneOf": [
-            with(json!({
+            with_example(with(json!({
                 "kind": {"type": "string", "enum": ["mig"]},
                 "profile": {"type": "string", "enum": profiles, "description": "A MIG profile of the model (of any model when none is given)."},
             }), &["tenant", "kind", "profile", "hours"]),
-            with(json!({
+            json!({"tenant": "vision-lab", "kind": "mig", "model": "H100-80GB", "profile": "1g.10gb", "hours": 2})),
+            with_example(with(json!({
                 "kind": {"type": "string", "enum": ["timeslice"]},
                 "memory_gib": {"type": "integer", "minimum": 1, "maximum": 1024, "description": "GPU memory of the share in GiB."},
                 "priority": {"type": ["string", "null"], "enum": ["high", "normal", "low", "default", null], "description": "Omitted or default: the tenant's default."},
             }), &["tenant", "kind", "memory_gib", "hours"]),
+            json!({"tenant": "vision-lab", "kind": "timeslice", "memory_gib": 8, "priority": "normal", "hours": 1})),
         ]
     })
 }
