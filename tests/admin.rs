@@ -459,3 +459,59 @@ async fn admins_link_a_users_unix_account_for_exec() {
         .unwrap();
     assert!(body.contains("value=\"ana\""));
 }
+
+#[tokio::test]
+async fn the_tenant_form_sets_the_idle_policy_and_refuses_bad_values() {
+    let app = TestApp::spawn().await;
+    let id = app.tenant("lab").await;
+    app.user("admin@uni.edu", "admin", &[]).await;
+    let admin = app.signed_in("admin@uni.edu").await;
+    let page = format!("/admin/tenants/{id}");
+    let body = admin
+        .get(app.url(&page))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("name=\"idle_after_minutes\""),
+        "the form shows the policy"
+    );
+    let bad = quota_form(
+        "Lab",
+        &[("idle_after_minutes", "-5"), ("idle_action", "shred")],
+    );
+    let r = app.post_form(&admin, &page, &page, &bad).await;
+    assert_eq!(r.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("between 0 and 10080") && text.contains("notify or release"),
+        "{text}"
+    );
+    let n: i32 = sqlx::query_scalar("SELECT idle_after_minutes FROM tenants WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "a refused form changes nothing");
+    let good = quota_form(
+        "Lab",
+        &[
+            ("idle_after_minutes", "60"),
+            ("idle_grace_minutes", "20"),
+            ("idle_action", "release"),
+        ],
+    );
+    let r = app.post_form(&admin, &page, &page, &good).await;
+    assert_eq!(r.status(), reqwest::StatusCode::SEE_OTHER);
+    let row: (i32, i32, String) = sqlx::query_as(
+        "SELECT idle_after_minutes, idle_grace_minutes, idle_action FROM tenants WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(row, (60, 20, "release".to_string()));
+}

@@ -56,6 +56,7 @@ impl World {
             max_booking_hours: get("hours").or(Some("48".into())),
             priority: get("priority"),
             guaranteed_share_pct: None,
+            idle: Default::default(),
         };
         gpuslice::cli::tenant_add(&self.app.pool, &args)
             .await

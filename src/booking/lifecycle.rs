@@ -176,3 +176,33 @@ pub async fn extend(
     tx.commit().await?;
     Ok(db::bookings::get(pool, id).await?)
 }
+
+/// "Still working": the owner says an idle booking is in use; its idle
+/// clock starts again (and a warning is withdrawn).
+pub async fn keep(pool: &PgPool, who: &Requester, id: i64) -> Result<Booking, BookingError> {
+    let b = visible(pool, who, id).await?;
+    if b.user_id != who.user_id {
+        return Err(BookingError::Forbidden(
+            "only the booking's owner can say it is still in use".into(),
+        ));
+    }
+    let mut tx = pool.begin().await?;
+    if !db::idle::keep(&mut *tx, id).await? {
+        return Err(BookingError::Refused(format!(
+            "booking {id} is {}, not active: there is nothing to keep",
+            b.status
+        )));
+    }
+    if b.idle_since.is_some() {
+        db::bookings::note(
+            &mut *tx,
+            id,
+            &who.email,
+            crate::domain::booking::Status::Active,
+            "still working: the idle clock starts again",
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(db::bookings::get(pool, id).await?)
+}

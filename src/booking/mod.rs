@@ -31,7 +31,7 @@ pub use decide::create;
 /// The longest reason for ending a booking (it goes to the audit log and
 /// the owner's e-mail).
 pub const MAX_REASON_CHARS: usize = 500;
-pub use lifecycle::{extend, release};
+pub use lifecycle::{extend, keep, release};
 pub use offerings::{offerings, quota_use, Offering, QuotaUse};
 pub use queue::{plan_queue, Planner};
 

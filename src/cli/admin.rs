@@ -5,10 +5,11 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::args::{TenantAddArgs, UserAddArgs};
+use super::args::{IdleArgs, TenantAddArgs, TenantEditArgs, UserAddArgs};
 use crate::db::{self, audit::Actor};
 use crate::domain::{
-    self, parse_membership_arg, parse_name, Email, GlobalRole, Password, Quota, QuotaInput, Slug,
+    self, parse_membership_arg, parse_name, Email, GlobalRole, IdlePolicy, Password, Quota,
+    QuotaInput, Slug,
 };
 use crate::web;
 
@@ -56,6 +57,7 @@ pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
         };
         anyhow!("--{flag}: {msg}")
     })?;
+    let idle = idle_from_flags(IdlePolicy::default(), &args.idle)?;
     let mut tx = pool.begin().await?;
     let id = match db::tenants::insert(&mut *tx, &slug, &name, &quota).await {
         Ok(id) => id,
@@ -69,11 +71,49 @@ pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
         &Actor::cli(),
         "tenant.created",
         slug.as_str(),
-        json!({"name": name}),
+        json!({"name": name, "idle": idle}),
+    )
+    .await?;
+    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// The idle flags over `base`; the first bad flag as a sentence.
+fn idle_from_flags(base: IdlePolicy, f: &IdleArgs) -> Result<IdlePolicy> {
+    let v = |o: &Option<String>| o.clone().unwrap_or_default();
+    IdlePolicy::parse(
+        base,
+        &v(&f.idle_after_minutes),
+        &v(&f.idle_grace_minutes),
+        &v(&f.idle_action),
+    )
+    .map_err(|errs| {
+        let (field, msg) = &errs[0];
+        anyhow!("--{}: {msg}", field.replace('_', "-"))
+    })
+}
+
+/// `tenant edit`: changes a tenant's idle policy (audited); returns it.
+pub async fn tenant_edit(pool: &PgPool, args: &TenantEditArgs) -> Result<IdlePolicy> {
+    let slug = Slug::parse(&args.slug).map_err(|e| anyhow!("--slug: {e}"))?;
+    let id = db::tenants::id_by_slug(pool, slug.as_str())
+        .await?
+        .ok_or_else(|| anyhow!("there is no tenant \"{slug}\""))?;
+    let before = db::tenants::idle_policy(pool, id).await?;
+    let idle = idle_from_flags(before, &args.idle)?;
+    let mut tx = pool.begin().await?;
+    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    db::audit::record(
+        &mut *tx,
+        &Actor::cli(),
+        "tenant.updated",
+        slug.as_str(),
+        json!({"before": {"idle": before}, "after": {"idle": idle}}),
     )
     .await?;
     tx.commit().await?;
-    Ok(id)
+    Ok(idle)
 }
 
 /// `user add`: creates the user with their memberships in one transaction.

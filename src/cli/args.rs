@@ -191,6 +191,10 @@ pub struct GpuArgs {
     /// between alert evaluations).
     #[arg(long, env = "GPUSLICE_TELEMETRY_INTERVAL_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub telemetry_interval_secs: u64,
+    /// A booking's device under this utilisation (%) with no processes is
+    /// idle (for tenants with an idle policy).
+    #[arg(long, env = "GPUSLICE_IDLE_THRESHOLD_PCT", default_value_t = 5.0)]
+    pub idle_threshold_pct: f32,
     /// Hours raw telemetry samples are kept (5-minute rollups stay longer).
     #[arg(long, env = "GPUSLICE_TELEMETRY_RAW_HOURS", default_value_t = 48, value_parser = clap::value_parser!(i64).range(1..=8760))]
     pub telemetry_raw_hours: i64,
@@ -305,6 +309,31 @@ pub struct WorkerArgs {
 pub enum TenantCommand {
     /// Create a tenant with its quota.
     Add(TenantAddArgs),
+    /// Change a tenant's idle policy.
+    Edit(TenantEditArgs),
+}
+
+/// A tenant's idle policy as flags.
+#[derive(Debug, Args, Default, Clone)]
+pub struct IdleArgs {
+    /// Minutes without work on a booking's GPU before its owner is warned
+    /// (0: idle reclaim off).
+    #[arg(long, allow_hyphen_values = true)]
+    pub idle_after_minutes: Option<String>,
+    /// Minutes the owner has to answer "still working" after the warning.
+    #[arg(long, allow_hyphen_values = true)]
+    pub idle_grace_minutes: Option<String>,
+    /// notify or release: what follows an unanswered warning.
+    #[arg(long)]
+    pub idle_action: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TenantEditArgs {
+    #[arg(long)]
+    pub slug: String,
+    #[command(flatten)]
+    pub idle: IdleArgs,
 }
 
 #[derive(Debug, Args)]
@@ -328,6 +357,8 @@ pub struct TenantAddArgs {
     pub priority: Option<String>,
     #[arg(long, allow_hyphen_values = true)]
     pub guaranteed_share_pct: Option<String>,
+    #[command(flatten)]
+    pub idle: IdleArgs,
 }
 
 #[derive(Debug, Subcommand)]

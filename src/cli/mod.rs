@@ -21,10 +21,11 @@ use anyhow::{Context, Result};
 
 use crate::db::{self, Database};
 
-pub use admin::{tenant_add, token_create, user_add, user_link};
+pub use admin::{tenant_add, tenant_edit, token_create, user_add, user_link};
 pub use args::{
-    AlertCommand, BenchCommand, Cli, Command, GpuArgs, ServeArgs, SimCommand, TenantAddArgs,
-    TenantCommand, TokenCommand, UserAddArgs, UserCommand, WorkerArgs,
+    AlertCommand, BenchCommand, Cli, Command, GpuArgs, IdleArgs, ServeArgs, SimCommand,
+    TenantAddArgs, TenantCommand, TenantEditArgs, TokenCommand, UserAddArgs, UserCommand,
+    WorkerArgs,
 };
 pub use bench::bench;
 pub use gpu_check::gpu_check;
@@ -148,6 +149,17 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
         Command::Tenant(TenantCommand::Add(args)) => {
             let id = tenant_add(&pool, &args).await?;
             println!("created tenant {} (id {id})", args.slug.trim());
+            Ok(())
+        }
+        Command::Tenant(TenantCommand::Edit(args)) => {
+            let idle = tenant_edit(&pool, &args).await?;
+            println!(
+                "tenant {}: idle after {} minutes (0 = off), grace {} minutes, then {}",
+                args.slug.trim(),
+                idle.after_minutes,
+                idle.grace_minutes,
+                idle.action
+            );
             Ok(())
         }
         Command::User(UserCommand::Add(args)) => {

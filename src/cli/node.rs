@@ -272,6 +272,10 @@ pub fn start_watch(pool: &PgPool, gpu: &GpuArgs) -> Result<Vec<JoinHandle<()>>> 
     )
     .map_err(|e| anyhow!(e))?;
     let mut settings = crate::watch::Settings::new(gpu.telemetry_interval_secs);
+    if !(0.0..=100.0).contains(&gpu.idle_threshold_pct) {
+        bail!("--idle-threshold-pct: give a utilisation between 0 and 100");
+    }
+    settings.idle_threshold_pct = gpu.idle_threshold_pct;
     settings.retention = crate::db::telemetry::Retention {
         raw_hours: gpu.telemetry_raw_hours,
         rollup_days: gpu.telemetry_rollup_days,

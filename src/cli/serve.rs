@@ -126,6 +126,17 @@ pub async fn seed_demo(pool: &PgPool) -> Result<()> {
             max_booking_hours: Some(longest.into()),
             priority: None,
             guaranteed_share_pct: Some("20".into()),
+            // The course gives idle GPUs back fast, to show idle reclaim:
+            // warned after 10 idle minutes, released 5 minutes later.
+            idle: if slug == "cs-101" {
+                super::args::IdleArgs {
+                    idle_after_minutes: Some("10".into()),
+                    idle_grace_minutes: Some("5".into()),
+                    idle_action: Some("release".into()),
+                }
+            } else {
+                Default::default()
+            },
         };
         tenant_add(pool, &args).await?;
     }

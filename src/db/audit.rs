@@ -13,6 +13,15 @@ pub struct Actor {
 }
 
 impl Actor {
+    /// A part of gpuslice acting on its own (idle reclaim, the planner).
+    pub fn system(name: &str) -> Self {
+        Actor {
+            user_id: None,
+            email: Some(name.into()),
+            client_addr: None,
+        }
+    }
+
     /// The command line on the server (no user, no address).
     pub fn cli() -> Self {
         Actor {

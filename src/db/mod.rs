@@ -6,6 +6,7 @@ pub mod audit;
 pub mod bookings;
 pub mod embedded;
 pub mod fleet;
+pub mod idle;
 pub mod notify;
 pub mod telemetry;
 pub mod tenants;

@@ -7,7 +7,7 @@ use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 
 /// What a person can be told by e-mail: (topic, label, who it concerns).
-pub const TOPICS: [(&str, &str); 7] = [
+pub const TOPICS: [(&str, &str); 8] = [
     (
         "alert_critical",
         "Critical alerts anywhere in the fleet (admins)",
@@ -18,6 +18,10 @@ pub const TOPICS: [(&str, &str); 7] = [
     ("booking_ending", "A booking of mine ends in 15 minutes"),
     ("booking_ended", "A booking of mine ended"),
     ("booking_failed", "A booking of mine failed"),
+    (
+        "booking_idle",
+        "A booking of mine is idle, or was released for it",
+    ),
 ];
 
 /// `(topic, wants e-mail)` for every topic; a topic never chosen is on.

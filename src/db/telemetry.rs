@@ -25,6 +25,8 @@ pub struct BookingSample {
     pub memory_used_mib: i64,
     pub memory_limit_mib: i64,
     pub utilization_pct: Option<f32>,
+    /// Processes on the booking's device (None: the backend cannot tell).
+    pub processes: Option<i32>,
 }
 
 /// Records one round of samples, all at the database's `now()`, in one
@@ -111,16 +113,18 @@ pub async fn record(
         let u: Vec<i64> = bookings.iter().map(|s| s.memory_used_mib).collect();
         let l: Vec<i64> = bookings.iter().map(|s| s.memory_limit_mib).collect();
         let p: Vec<Option<f32>> = bookings.iter().map(|s| s.utilization_pct).collect();
+        let n: Vec<Option<i32>> = bookings.iter().map(|s| s.processes).collect();
         sqlx::query!(
-            "INSERT INTO instance_samples (booking_id, at, gpu_id, memory_used_mib, memory_limit_mib, utilization_pct)
-             SELECT b, now(), g, u, l, p
-             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::real[]) AS x (b, g, u, l, p)
+            "INSERT INTO instance_samples (booking_id, at, gpu_id, memory_used_mib, memory_limit_mib, utilization_pct, processes)
+             SELECT b, now(), g, u, l, p, n
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::real[], $6::int[]) AS x (b, g, u, l, p, n)
              ON CONFLICT DO NOTHING",
             &b,
             &g,
             &u,
             &l,
-            &p as &[Option<f32>]
+            &p as &[Option<f32>],
+            &n as &[Option<i32>]
         )
         .execute(&mut *tx)
         .await?;

@@ -205,3 +205,42 @@ pub async fn members(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<Ve
     .fetch_all(db)
     .await
 }
+
+/// A tenant's idle policy.
+pub async fn idle_policy(
+    db: impl PgExecutor<'_>,
+    id: i64,
+) -> sqlx::Result<crate::domain::IdlePolicy> {
+    let r = sqlx::query!(
+        r#"SELECT idle_after_minutes, idle_grace_minutes, idle_action AS "idle_action: crate::domain::IdleAction"
+           FROM tenants WHERE id = $1"#,
+        id
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(crate::domain::IdlePolicy {
+        after_minutes: r.idle_after_minutes,
+        grace_minutes: r.idle_grace_minutes,
+        action: r.idle_action,
+    })
+}
+
+/// Sets a tenant's idle policy.
+pub async fn set_idle_policy(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    p: &crate::domain::IdlePolicy,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE tenants SET idle_after_minutes = $2, idle_grace_minutes = $3, idle_action = $4,
+                            updated_at = now()
+         WHERE id = $1",
+        id,
+        p.after_minutes,
+        p.grace_minutes,
+        p.action.as_str()
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}

@@ -228,6 +228,81 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// What idle reclaim does once a warned owner does not answer:
+    /// `notify` (only tell them) or `release` (end the booking).
+    pub enum IdleAction {
+        Notify = "notify",
+        Release = "release",
+    }
+}
+
+/// A tenant's idle policy: a booking idle for `after_minutes` (0: never)
+/// is warned, and `grace_minutes` later `action` follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct IdlePolicy {
+    pub after_minutes: i32,
+    pub grace_minutes: i32,
+    pub action: IdleAction,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        IdlePolicy {
+            after_minutes: 0,
+            grace_minutes: 30,
+            action: IdleAction::Notify,
+        }
+    }
+}
+
+impl IdlePolicy {
+    /// Parses the three settings as typed (form fields, CLI flags); empty
+    /// keeps `base`'s value. One message per bad field.
+    pub fn parse(
+        base: IdlePolicy,
+        after: &str,
+        grace: &str,
+        action: &str,
+    ) -> Result<IdlePolicy, Vec<(&'static str, String)>> {
+        let mut errors = Vec::new();
+        let mut minutes = |raw: &str, field: &'static str, min: i32, now: i32| {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                return now;
+            }
+            match raw.parse::<i32>() {
+                Ok(n) if (min..=10080).contains(&n) => n,
+                _ => {
+                    errors.push((
+                        field,
+                        format!("give whole minutes between {min} and 10080 (a week)"),
+                    ));
+                    now
+                }
+            }
+        };
+        let after_minutes = minutes(after, "idle_after_minutes", 0, base.after_minutes);
+        let grace_minutes = minutes(grace, "idle_grace_minutes", 1, base.grace_minutes);
+        let action = match action.trim() {
+            "" => base.action,
+            a => IdleAction::named(a).unwrap_or_else(|| {
+                errors.push(("idle_action", "choose notify or release".into()));
+                base.action
+            }),
+        };
+        if errors.is_empty() {
+            Ok(IdlePolicy {
+                after_minutes,
+                grace_minutes,
+                action,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
 impl Priority {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let raw = raw.trim();

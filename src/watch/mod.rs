@@ -8,6 +8,7 @@
 //! nor race on the same alert. A node that stops reporting cannot raise
 //! its own alert, which is why this runs beside the web application too.
 
+pub mod idle;
 pub mod notifier;
 
 use std::collections::HashMap;
@@ -28,6 +29,9 @@ pub struct Settings {
     /// How often the retention runs.
     pub prune_every: Duration,
     pub retention: db::telemetry::Retention,
+    /// Idle reclaim: a device under this utilisation (%) without processes
+    /// is idle.
+    pub idle_threshold_pct: f32,
 }
 
 impl Settings {
@@ -36,6 +40,7 @@ impl Settings {
             every: Duration::from_secs(telemetry_interval_secs.max(1)),
             prune_every: Duration::from_secs(60),
             retention: db::telemetry::Retention::default(),
+            idle_threshold_pct: 5.0,
         }
     }
 }
@@ -49,6 +54,13 @@ pub async fn run(pool: PgPool, settings: Settings) {
         tick.tick().await;
         if let Err(e) = evaluate_all(&pool, settings.every.as_secs_f64()).await {
             tracing::warn!(error = format!("{e:#}"), "alert evaluation failed");
+        }
+        // A sample counts for idle reclaim while no two newer ones are missing.
+        let fresh = (3.0 * settings.every.as_secs_f64()).max(30.0);
+        match idle::round(&pool, settings.idle_threshold_pct, fresh).await {
+            Ok(r) if r != idle::Round::default() => tracing::info!(?r, "idle reclaim"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "idle reclaim failed"),
         }
         if last_prune.elapsed() >= settings.prune_every {
             last_prune = std::time::Instant::now();

@@ -402,6 +402,12 @@ impl Detail {
         self.is_owner && self.b.status.allows(Step::Cancel)
     }
 
+    /// An active booking whose device shows no work (its tenant reclaims
+    /// idle GPUs).
+    pub fn idle(&self) -> bool {
+        self.b.status == crate::domain::booking::Status::Active && self.b.idle_since.is_some()
+    }
+
     pub fn can_extend(&self) -> bool {
         self.is_owner && self.b.status.can_extend()
     }
@@ -716,6 +722,29 @@ pub async fn extend(
     }
 }
 
+/// "Still working" from the booking page.
+pub async fn keep(
+    State(state): State<AppState>,
+    session: Session,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+) -> Result<Response, AppError> {
+    match booking::keep(&state.pool, &requester(&user), id).await {
+        Ok(_) => {
+            flash(
+                &session,
+                format!("Booking {id} stays yours: its idle clock starts again."),
+            )
+            .await?;
+            Ok(Redirect::to(&format!("/bookings/{id}")).into_response())
+        }
+        Err(e) => {
+            let (status, msg) = refusal_of(e)?;
+            show_error(&state, &session, &user, id, status, msg).await
+        }
+    }
+}
+
 /// The booking pages (the API's are in `api`).
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -725,4 +754,5 @@ pub fn routes() -> Router<AppState> {
         .route("/bookings/{id}", get(show))
         .route("/bookings/{id}/release", post(release))
         .route("/bookings/{id}/extend", post(extend))
+        .route("/bookings/{id}/keep", post(keep))
 }

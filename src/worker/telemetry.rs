@@ -106,6 +106,14 @@ pub async fn sample_once(
                 bookings.push(BookingSample {
                     booking_id: h.id,
                     gpu_id: h.gpu_id,
+                    // Running work: processes on the MIG device, and any
+                    // process in the booking's cgroup (idle reclaim).
+                    processes: backend.processes(&h.device_uuid).ok().map(|ps| {
+                        let mut all: std::collections::HashSet<u32> =
+                            ps.iter().map(|p| p.pid).collect();
+                        all.extend(pids.get(&h.id).into_iter().flatten().copied());
+                        all.len() as i32
+                    }),
                     memory_used_mib: d.memory_used_mib as i64,
                     memory_limit_mib: if d.memory_total_mib > 0 {
                         d.memory_total_mib as i64
@@ -117,15 +125,15 @@ pub async fn sample_once(
             } else if h.device_uuid == h.gpu_uuid {
                 // A time-sliced share: its processes are those in its cgroup.
                 let mine = pids.get(&h.id).cloned().unwrap_or_default();
-                let used = backend
+                let on_gpu: Option<Vec<_>> = backend
                     .processes(&h.gpu_uuid)
-                    .map(|ps| {
-                        ps.iter()
-                            .filter(|p| mine.contains(&p.pid))
-                            .map(|p| p.used_memory_mib)
-                            .sum::<u64>()
-                    })
-                    .unwrap_or(0);
+                    .ok()
+                    .map(|ps| ps.into_iter().filter(|p| mine.contains(&p.pid)).collect());
+                let used = on_gpu
+                    .iter()
+                    .flatten()
+                    .map(|p| p.used_memory_mib)
+                    .sum::<u64>();
                 // Its utilisation: NVML's per-process samples of the last
                 // half minute (the busiest sample of each of its processes,
                 // summed), where the driver gives them.
@@ -152,6 +160,7 @@ pub async fn sample_once(
                     memory_used_mib: used as i64,
                     memory_limit_mib: limit,
                     utilization_pct,
+                    processes: on_gpu.map(|ps| ps.len().max(mine.len()) as i32),
                 });
             }
         }

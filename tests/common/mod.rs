@@ -215,6 +215,7 @@ impl TestApp {
             max_booking_hours: None,
             priority: None,
             guaranteed_share_pct: None,
+            idle: Default::default(),
         };
         gpuslice::cli::tenant_add(&self.pool, &args).await.unwrap()
     }

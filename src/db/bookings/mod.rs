@@ -56,6 +56,11 @@ pub struct Booking {
     pub scheduler: Option<serde_json::Value>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
+    /// Idle reclaim: since when the device shows no work, when the owner
+    /// was warned, and when it will be released (a `release` policy).
+    pub idle_since: Option<OffsetDateTime>,
+    pub idle_warned_at: Option<OffsetDateTime>,
+    pub idle_release_at: Option<OffsetDateTime>,
 }
 
 /// Statuses as the text the schema stores (for `= ANY($n)`).
@@ -77,7 +82,10 @@ pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<
                   b.ending_as AS "ending_as: Status",
                   b.gpu_id, g.uuid AS "gpu_uuid?", g.idx AS "gpu_idx?", n.name AS "node?",
                   lower(b.slices) AS slice_start, upper(b.slices) AS slice_end,
-                  b.device_uuid, b.reason, b.offered_start, b.warned_at, b.attempts, b.scheduler, b.created_at, b.updated_at
+                  b.device_uuid, b.reason, b.offered_start, b.warned_at, b.attempts, b.scheduler, b.created_at, b.updated_at,
+                  b.idle_since, b.idle_warned_at,
+                  CASE WHEN t.idle_action = 'release'
+                       THEN b.idle_warned_at + make_interval(mins => t.idle_grace_minutes) END AS idle_release_at
            FROM unnest($1::bigint[]) WITH ORDINALITY AS i (id, ord)
            JOIN bookings b ON b.id = i.id
            JOIN tenants t ON t.id = b.tenant_id

@@ -11,7 +11,9 @@ use serde_json::json;
 use tower_sessions::Session;
 
 use crate::db::{self, tenants::Member, tenants::Tenant};
-use crate::domain::{parse_name, Priority, Quota, QuotaField, QuotaInput, Slug};
+use crate::domain::{
+    parse_name, IdleAction, IdlePolicy, Priority, Quota, QuotaField, QuotaInput, Slug,
+};
 use crate::web::auth::Admin;
 use crate::web::error::AppError;
 use crate::web::forms::{Field, FieldErrors};
@@ -58,6 +60,76 @@ pub struct TenantForm {
     name: String,
     #[serde(flatten)]
     quota: QuotaInput,
+    #[serde(flatten)]
+    idle: IdleInput,
+}
+
+/// The idle-reclaim inputs of the tenant form, as typed.
+#[derive(Debug, Default, Deserialize)]
+pub struct IdleInput {
+    #[serde(default)]
+    idle_after_minutes: String,
+    #[serde(default)]
+    idle_grace_minutes: String,
+    #[serde(default)]
+    idle_action: String,
+}
+
+impl From<&IdlePolicy> for IdleInput {
+    fn from(p: &IdlePolicy) -> Self {
+        IdleInput {
+            idle_after_minutes: p.after_minutes.to_string(),
+            idle_grace_minutes: p.grace_minutes.to_string(),
+            idle_action: p.action.as_str().to_string(),
+        }
+    }
+}
+
+/// Every input of the tenant form: the quota's, then idle reclaim's.
+fn tenant_fields(q: &QuotaInput, idle: &IdleInput, errors: &FieldErrors) -> Vec<Field> {
+    let mut fields = quota_fields(q, errors);
+    let f = |name: &'static str, label, hint, value: &str, kind, min, max| Field {
+        name,
+        label,
+        hint,
+        value: value.to_string(),
+        error: errors.get(name).cloned(),
+        kind,
+        options: Vec::new(),
+        min,
+        max,
+    };
+    fields.push(f(
+        "idle_after_minutes",
+        "Idle after (minutes)",
+        "no work on a booking's GPU this long: warn its owner; 0 turns idle reclaim off",
+        &idle.idle_after_minutes,
+        "number",
+        "0",
+        "10080",
+    ));
+    fields.push(f(
+        "idle_grace_minutes",
+        "Idle grace (minutes)",
+        "time the owner has to answer \"still working\" before the action",
+        &idle.idle_grace_minutes,
+        "number",
+        "1",
+        "10080",
+    ));
+    fields.push(Field {
+        options: IdleAction::ALL.iter().map(|a| a.as_str()).collect(),
+        ..f(
+            "idle_action",
+            "Idle action",
+            "after the grace: notify only, or release the booking",
+            &idle.idle_action,
+            "select",
+            "",
+            "",
+        )
+    });
+    fields
 }
 
 /// The quota inputs of the tenant form, in order, with their messages.
@@ -166,7 +238,11 @@ pub async fn new_tenant(session: Session, Admin(user): Admin) -> Result<TenantFo
         tenant: None,
         slug: String::new(),
         name: String::new(),
-        fields: quota_fields(&QuotaInput::from(&Quota::default()), &errors),
+        fields: tenant_fields(
+            &QuotaInput::from(&Quota::default()),
+            &IdleInput::from(&IdlePolicy::default()),
+            &errors,
+        ),
         errors,
         members: Vec::new(),
     })
@@ -175,7 +251,8 @@ pub async fn new_tenant(session: Session, Admin(user): Admin) -> Result<TenantFo
 fn parse_tenant_form(
     form: &TenantForm,
     creating: bool,
-) -> Result<(Option<Slug>, String, Quota), FieldErrors> {
+    idle_now: IdlePolicy,
+) -> Result<(Option<Slug>, String, Quota, IdlePolicy), FieldErrors> {
     let mut errors = FieldErrors::default();
     let slug = if creating {
         match Slug::parse(&form.slug) {
@@ -198,8 +275,20 @@ fn parse_tenant_form(
         }
         Quota::default()
     });
+    let idle = IdlePolicy::parse(
+        idle_now,
+        &form.idle.idle_after_minutes,
+        &form.idle.idle_grace_minutes,
+        &form.idle.idle_action,
+    )
+    .unwrap_or_else(|errs| {
+        for (field, msg) in errs {
+            errors.add(field, msg);
+        }
+        idle_now
+    });
     if errors.is_empty() {
-        Ok((slug, name, quota))
+        Ok((slug, name, quota, idle))
     } else {
         Err(errors)
     }
@@ -217,13 +306,13 @@ pub async fn create_tenant(
             tenant: None,
             slug: form.slug.trim().to_string(),
             name: form.name.trim().to_string(),
-            fields: quota_fields(&form.quota, &errors),
+            fields: tenant_fields(&form.quota, &form.idle, &errors),
             errors,
             members: Vec::new(),
         };
         Ok::<_, AppError>((StatusCode::UNPROCESSABLE_ENTITY, page).into_response())
     };
-    let (slug, name, quota) = match parse_tenant_form(&form, true) {
+    let (slug, name, quota, idle) = match parse_tenant_form(&form, true, IdlePolicy::default()) {
         Ok(v) => v,
         Err(errors) => return rerender(errors).await,
     };
@@ -240,12 +329,13 @@ pub async fn create_tenant(
         }
         Err(e) => return Err(e.into()),
     };
+    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
     db::audit::record(
         &mut *tx,
         &user.actor(),
         "tenant.created",
         slug.as_str(),
-        json!({"name": name, "quota": quota}),
+        json!({"name": name, "quota": quota, "idle": idle}),
     )
     .await?;
     tx.commit().await?;
@@ -261,12 +351,17 @@ pub async fn edit_tenant(
 ) -> Result<TenantFormPage, AppError> {
     let tenant = db::tenants::get(&state.pool, id).await?;
     let members = db::tenants::members(&state.pool, id).await?;
+    let idle = db::tenants::idle_policy(&state.pool, id).await?;
     let errors = FieldErrors::default();
     Ok(TenantFormPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
         slug: tenant.slug.clone(),
         name: tenant.name.clone(),
-        fields: quota_fields(&QuotaInput::from(&tenant.quota), &errors),
+        fields: tenant_fields(
+            &QuotaInput::from(&tenant.quota),
+            &IdleInput::from(&idle),
+            &errors,
+        ),
         errors,
         tenant: Some(tenant),
         members,
@@ -281,7 +376,8 @@ pub async fn update_tenant(
     Form(form): Form<TenantForm>,
 ) -> Result<Response, AppError> {
     let tenant = db::tenants::get(&state.pool, id).await?;
-    let (_, name, quota) = match parse_tenant_form(&form, false) {
+    let idle_before = db::tenants::idle_policy(&state.pool, id).await?;
+    let (_, name, quota, idle) = match parse_tenant_form(&form, false, idle_before) {
         Ok(v) => v,
         Err(errors) => {
             let members = db::tenants::members(&state.pool, id).await?;
@@ -289,7 +385,7 @@ pub async fn update_tenant(
                 ctx: PageCtx::new(&session, Some(&user)).await?,
                 slug: tenant.slug.clone(),
                 name: form.name.trim().to_string(),
-                fields: quota_fields(&form.quota, &errors),
+                fields: tenant_fields(&form.quota, &form.idle, &errors),
                 errors,
                 tenant: Some(tenant),
                 members,
@@ -302,13 +398,14 @@ pub async fn update_tenant(
     let mut tx = state.pool.begin().await?;
     let before = db::tenants::get_for_update(&mut tx, id).await?;
     db::tenants::update(&mut tx, id, &name, &quota).await?;
+    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
     db::audit::record(
         &mut *tx,
         &user.actor(),
         "tenant.updated",
         &before.slug,
-        json!({"before": {"name": before.name, "quota": before.quota},
-               "after": {"name": name, "quota": quota}}),
+        json!({"before": {"name": before.name, "quota": before.quota, "idle": idle_before},
+               "after": {"name": name, "quota": quota, "idle": idle}}),
     )
     .await?;
     tx.commit().await?;

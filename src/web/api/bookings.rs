@@ -245,3 +245,23 @@ pub async fn extend(
     let b = booking::extend(&state.pool, &requester(&user), id, body.hours).await?;
     Ok(Json(BookingView::from(&b)))
 }
+
+/// "Still working": the owner says an idle booking is in use; its idle
+/// clock starts again and a warning is withdrawn.
+#[utoipa::path(post, path = "/bookings/{id}/keep",
+    params(("id" = i64, Path)),
+    responses(
+        (status = 200, body = BookingView),
+        (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "not the owner"),
+        (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "not active"),
+    ))]
+pub async fn keep(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(id): Path<i64>,
+) -> Result<Json<BookingView>, AppError> {
+    let b = booking::keep(&state.pool, &requester(&user), id).await?;
+    Ok(Json(BookingView::from(&b)))
+}

@@ -39,6 +39,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(bookings::get))
         .routes(routes!(bookings::release))
         .routes(routes!(bookings::extend))
+        .routes(routes!(bookings::keep))
         .routes(routes!(usage::usage))
         .routes(routes!(alerts::alerts))
 }
@@ -88,6 +89,10 @@ fn tightened(doc: OpenApi) -> Value {
             };
             for op in ops.values_mut() {
                 let has_body = op.get("requestBody").is_some();
+                let has_query = op
+                    .get("parameters")
+                    .and_then(Value::as_array)
+                    .is_some_and(|ps| ps.iter().any(|p| p["in"] == "query"));
                 if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
                     for (code, r) in responses.iter_mut() {
                         if r.get("description").is_none() {
@@ -104,8 +109,14 @@ fn tightened(doc: OpenApi) -> Value {
                         "415",
                         "the body is not JSON (Content-Type: application/json)",
                     )];
+                    let input_errors = [("422", "invalid input, one message per field")];
                     let extra = if has_body { &body_errors[..] } else { &[] };
-                    for (code, why) in always.iter().chain(extra).copied() {
+                    let input = if has_body || has_query {
+                        &input_errors[..]
+                    } else {
+                        &[]
+                    };
+                    for (code, why) in always.iter().chain(extra).chain(input).copied() {
                         responses.entry(code).or_insert_with(|| {
                             let mut e = error.clone();
                             e["description"] = json!(why);

@@ -20,11 +20,12 @@ const MAX_ROWS: usize = 100_000;
     params(
         ("from" = Option<String>, Query, description = "first day, YYYY-MM-DD; omitted: the first of this month"),
         ("to" = Option<String>, Query, description = "last day, YYYY-MM-DD; omitted: today"),
-        ("tenant" = Option<String>, Query, description = "a tenant's slug"),
+        ("tenant" = Option<String>, Query, description = "a tenant's slug; * for every tenant (finance and admins)"),
     ),
     responses(
         (status = 200, body = UsageReport),
         (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "every tenant (*) is for finance and admins"),
         (status = 404, body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]

@@ -69,6 +69,9 @@ pub struct BookingView {
     /// For a queued booking: the earliest start that would fit.
     #[schema(format = DateTime)]
     pub earliest_start: Option<String>,
+    /// While an active booking is idle (its tenant reclaims idle GPUs):
+    /// since when, when its owner was warned, when it will be released.
+    pub idle: Option<IdleView>,
     /// An active share's scheduler state: slice, priority, achieved part.
     #[schema(value_type = Option<Object>)]
     pub scheduler: Option<Value>,
@@ -104,12 +107,32 @@ impl From<&Booking> for BookingView {
             device_uuid: b.device_uuid.clone(),
             reason: b.reason.clone(),
             earliest_start: b.offered_start.map(rfc3339),
+            idle: b
+                .idle_since
+                .filter(|_| b.status == Status::Active)
+                .map(|since| IdleView {
+                    since: rfc3339(since),
+                    warned_at: b.idle_warned_at.map(rfc3339),
+                    release_at: b.idle_release_at.map(rfc3339),
+                }),
             scheduler: (b.kind == Kind::Timeslice && b.status == Status::Active)
                 .then(|| b.scheduler.clone())
                 .flatten(),
             created_at: rfc3339(b.created_at),
         }
     }
+}
+
+/// An idle booking's clock (`POST /bookings/{id}/keep` starts it again).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IdleView {
+    #[schema(format = DateTime)]
+    pub since: String,
+    #[schema(format = DateTime)]
+    pub warned_at: Option<String>,
+    /// With a `release` policy, once warned.
+    #[schema(format = DateTime)]
+    pub release_at: Option<String>,
 }
 
 /// `GET /bookings`.

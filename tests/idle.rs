@@ -1,0 +1,349 @@
+//! Idle reclaim against a real PostgreSQL and the simulated backend: an
+//! instance is busy while a process runs on it, idle otherwise.
+
+mod common;
+
+use common::{booking_status, SimNode, TestApp};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// One A30 in MIG mode: a 4g.24gb takes all of it.
+const FLEET: &str = r#"
+[[node]]
+name = "n1"
+[[node.gpu]]
+model = "A30-24GB"
+mode = "mig"
+count = 1
+"#;
+
+struct World {
+    app: TestApp,
+    node: SimNode,
+}
+
+impl World {
+    async fn new() -> World {
+        let app = TestApp::spawn().await;
+        let node = SimNode::register(&app, FLEET, "n1", 3).await;
+        World { app, node }
+    }
+
+    /// A tenant with an idle policy given as CLI flags.
+    async fn tenant(&self, slug: &str, after: &str, grace: &str, action: &str) {
+        let args = gpuslice::cli::TenantAddArgs {
+            slug: slug.into(),
+            name: format!("Tenant {slug}"),
+            max_active_bookings: None,
+            max_gpu_memory_gib: Some("100".into()),
+            max_compute_slices: Some("20".into()),
+            monthly_slice_hours: Some("10000".into()),
+            max_booking_hours: None,
+            priority: None,
+            guaranteed_share_pct: None,
+            idle: gpuslice::cli::IdleArgs {
+                idle_after_minutes: Some(after.into()),
+                idle_grace_minutes: Some(grace.into()),
+                idle_action: Some(action.into()),
+            },
+        };
+        gpuslice::cli::tenant_add(&self.app.pool, &args)
+            .await
+            .unwrap();
+    }
+
+    async fn person(&self, email: &str, tenant: &str) -> String {
+        self.app.user(email, "none", &[tenant]).await;
+        gpuslice::cli::token_create(&self.app.pool, email, "t")
+            .await
+            .unwrap()
+    }
+
+    async fn call(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let c = reqwest::Client::new();
+        let mut r = c
+            .request(method.parse().unwrap(), self.app.url(path))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let r = r.send().await.unwrap();
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn book(&self, token: &str, tenant: &str) -> i64 {
+        let (s, b) = self
+            .call(
+                token,
+                "POST",
+                "/api/v1/bookings",
+                Some(json!({"tenant": tenant, "kind": "mig", "profile": "4g.24gb", "hours": 8})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        b["id"].as_i64().unwrap()
+    }
+
+    async fn until_active(&self, id: i64) {
+        for _ in 0..10 {
+            if booking_status(&self.app, id).await == "active" {
+                return;
+            }
+            self.node.step(&self.app).await;
+        }
+        panic!("booking {id} never became active");
+    }
+
+    /// One telemetry sample of the node, then one idle-reclaim round.
+    async fn round(&self) -> gpuslice::watch::idle::Round {
+        gpuslice::worker::telemetry::sample_once(
+            &self.app.pool,
+            "n1",
+            self.node.dyn_backend(),
+            None,
+        )
+        .await
+        .unwrap();
+        gpuslice::watch::idle::round(&self.app.pool, 5.0, 60.0)
+            .await
+            .unwrap()
+    }
+
+    /// Moves a booking's idle clock (or warning) `minutes` into the past.
+    async fn age(&self, id: i64, column: &str, minutes: i32) {
+        sqlx::query(&format!(
+            "UPDATE bookings SET {column} = {column} - make_interval(mins => $2) WHERE id = $1"
+        ))
+        .bind(id)
+        .bind(minutes)
+        .execute(&self.app.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.app.one::<i64>(sql).await
+    }
+}
+
+#[tokio::test]
+async fn an_idle_booking_is_warned_then_released_and_its_slot_goes_to_the_queue() {
+    let w = World::new().await;
+    w.tenant("lab", "30", "15", "release").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let bob = w.person("bob@uni.edu", "lab").await;
+    let a = w.book(&ana, "lab").await;
+    w.until_active(a).await;
+    // Bob's booking waits for the only GPU.
+    let b = w.book(&bob, "lab").await;
+    assert_eq!(booking_status(&w.app, b).await, "queued");
+
+    // No process on the device: the idle clock starts.
+    let r = w.round().await;
+    assert_eq!(r.started, 1, "{r:?}");
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert!(view["idle"]["since"].is_string(), "{view}");
+    assert!(view["idle"]["warned_at"].is_null(), "{view}");
+
+    // Thirty idle minutes later: Ana is warned (e-mail, timeline, banner).
+    w.age(a, "idle_since", 31).await;
+    assert_eq!(w.round().await.warned, 1);
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert!(view["idle"]["warned_at"].is_string(), "{view}");
+    assert!(view["idle"]["release_at"].is_string(), "{view}");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM notifications WHERE booking_id = {a} AND topic = 'booking_idle'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM booking_events WHERE booking_id = {a} AND actor = 'idle-reclaim'"
+        ))
+        .await,
+        1
+    );
+    let page = w.app.signed_in("ana@uni.edu").await;
+    let body = page
+        .get(w.app.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("has had no work on its GPU"),
+        "dashboard banner"
+    );
+    let body = page
+        .get(w.app.url(&format!("/bookings/{a}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("id=\"keep\""),
+        "the booking page offers \"Still working\""
+    );
+    // A second round does not warn twice.
+    assert_eq!(w.round().await.warned, 0);
+
+    // No answer within the grace: released with the reason idle.
+    let end_before: time::OffsetDateTime =
+        sqlx::query_scalar("SELECT upper(during) FROM bookings WHERE id = $1")
+            .bind(a)
+            .fetch_one(&w.app.pool)
+            .await
+            .unwrap();
+    w.age(a, "idle_warned_at", 16).await;
+    assert_eq!(w.round().await.released, 1);
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert_eq!(view["reason"], "idle", "{view}");
+    assert_eq!(view["status"], "releasing", "{view}");
+    assert_eq!(
+        w.count("SELECT count(*) FROM audit_log WHERE action = 'booking.idle_released'")
+            .await,
+        1
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM notifications WHERE booking_id = {a} AND topic = 'booking_idle'"
+        ))
+        .await,
+        2
+    );
+    let end_after: time::OffsetDateTime =
+        sqlx::query_scalar("SELECT upper(during) FROM bookings WHERE id = $1")
+            .bind(a)
+            .fetch_one(&w.app.pool)
+            .await
+            .unwrap();
+    let reclaimed = (end_before - end_after).as_seconds_f64() / 3600.0 * 4.0;
+    eprintln!("idle reclaim gave back {reclaimed:.1} slice-hours of a 4-slice, 8-hour booking");
+    assert!(reclaimed > 31.0, "{reclaimed}");
+    // The worker tears it down; the queue planner gives Bob the GPU.
+    for _ in 0..5 {
+        w.node.step(&w.app).await;
+    }
+    assert_eq!(booking_status(&w.app, a).await, "released");
+    assert_eq!(gpuslice::booking::plan_queue(&w.app.pool).await.unwrap(), 1);
+    assert_eq!(booking_status(&w.app, b).await, "scheduled");
+}
+
+#[tokio::test]
+async fn a_booking_with_work_running_is_never_warned() {
+    let w = World::new().await;
+    w.tenant("lab", "1", "1", "release").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let a = w.book(&ana, "lab").await;
+    w.until_active(a).await;
+    let device: String = sqlx::query_scalar("SELECT device_uuid FROM bookings WHERE id = $1")
+        .bind(a)
+        .fetch_one(&w.app.pool)
+        .await
+        .unwrap();
+    w.node.backend.attach_process(&device, 4242, 2048).unwrap();
+    for _ in 0..3 {
+        let r = w.round().await;
+        assert_eq!(r, Default::default(), "{r:?}");
+        w.age(a, "idle_since", 60).await;
+    }
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert!(view["idle"].is_null(), "{view}");
+    assert_eq!(view["status"], "active");
+}
+
+#[tokio::test]
+async fn still_working_starts_the_clock_again_and_notify_never_releases() {
+    let w = World::new().await;
+    w.tenant("lab", "10", "5", "notify").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let eve = w.person("eve@uni.edu", "lab").await;
+    let a = w.book(&ana, "lab").await;
+    w.until_active(a).await;
+    w.round().await;
+    w.age(a, "idle_since", 11).await;
+    assert_eq!(w.round().await.warned, 1);
+    // notify: no release however long the owner stays silent.
+    w.age(a, "idle_warned_at", 600).await;
+    assert_eq!(w.round().await.released, 0);
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert!(view["idle"]["release_at"].is_null(), "{view}");
+    // Only the owner may say it is still in use.
+    let (s, _) = w
+        .call(&eve, "POST", &format!("/api/v1/bookings/{a}/keep"), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, view) = w
+        .call(&ana, "POST", &format!("/api/v1/bookings/{a}/keep"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{view}");
+    assert!(view["idle"].is_null(), "{view}");
+    // Samples from before the answer do not count; a new one starts a new
+    // stretch, which is not yet long enough to warn.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let r = w.round().await;
+    assert_eq!((r.started, r.warned), (1, 0), "{r:?}");
+    // Keeping a booking that is not active is refused.
+    let (s, _) = w
+        .call(&ana, "POST", &format!("/api/v1/bookings/{a}/release"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, e) = w
+        .call(&ana, "POST", &format!("/api/v1/bookings/{a}/keep"), None)
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{e}");
+}
+
+#[tokio::test]
+async fn idle_flags_are_checked_and_edited() {
+    let w = World::new().await;
+    w.tenant("lab", "0", "30", "notify").await;
+    let edit = |after: &str, action: &str| gpuslice::cli::TenantEditArgs {
+        slug: "lab".into(),
+        idle: gpuslice::cli::IdleArgs {
+            idle_after_minutes: Some(after.into()),
+            idle_grace_minutes: None,
+            idle_action: Some(action.into()),
+        },
+    };
+    let p = gpuslice::cli::tenant_edit(&w.app.pool, &edit("45", "release"))
+        .await
+        .unwrap();
+    assert_eq!((p.after_minutes, p.grace_minutes), (45, 30));
+    let e = gpuslice::cli::tenant_edit(&w.app.pool, &edit("-3", "release"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("--idle-after-minutes"), "{e}");
+    let e = gpuslice::cli::tenant_edit(&w.app.pool, &edit("5", "delete"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("--idle-action"), "{e}");
+    // Nothing changed by the refused edits.
+    let n: i64 = w
+        .count("SELECT idle_after_minutes::bigint FROM tenants WHERE slug = 'lab'")
+        .await;
+    assert_eq!(n, 45);
+}
