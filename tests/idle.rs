@@ -347,3 +347,55 @@ async fn idle_flags_are_checked_and_edited() {
         .await;
     assert_eq!(n, 45);
 }
+
+#[tokio::test]
+async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
+    let w = World::new().await;
+    w.tenant("lab", "0", "30", "notify").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let a = w.book(&ana, "lab").await;
+    w.until_active(a).await;
+    // What its device measured: 5 GiB at peak, at most 20 % busy.
+    sqlx::query(
+        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
+                                       memory_limit_mib, utilization_sum, utilization_n)
+         VALUES ($1, now() - interval '10 minutes', 30, 30 * 4000, 5120, 24576, 30 * 20.0, 30),
+                ($1, now() - interval '5 minutes', 30, 30 * 2000, 3000, 24576, 30 * 8.0, 30)",
+    )
+    .bind(a)
+    .execute(&w.app.pool)
+    .await
+    .unwrap();
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert!(view["advice"].is_null(), "no advice while it runs: {view}");
+    let (s, _) = w
+        .call(&ana, "POST", &format!("/api/v1/bookings/{a}/release"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    for _ in 0..5 {
+        w.node.step(&w.app).await;
+    }
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    let advice = &view["advice"];
+    assert_eq!(advice["profile"], "1g.6gb", "{view}");
+    assert_eq!(advice["slice_hours_ratio"], 0.25, "{view}");
+    assert_eq!(advice["peak_memory_gib"], 5.0, "{view}");
+    assert_eq!(advice["busy_pct"], 20.0, "{view}");
+    let page = w.app.signed_in("ana@uni.edu").await;
+    let body = page
+        .get(w.app.url(&format!("/bookings/{a}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("a 1g.6gb would have done, 1/4 of the slice-hours"),
+        "the booking page gives the advice"
+    );
+}

@@ -60,6 +60,7 @@ pub mod booking;
 pub mod lifecycle;
 mod password;
 mod quota;
+pub mod rightsize;
 pub mod usage;
 
 pub use password::{hash as hash_password, verify as verify_password, Password, PasswordError};

@@ -61,6 +61,30 @@ pub struct Booking {
     pub idle_since: Option<OffsetDateTime>,
     pub idle_warned_at: Option<OffsetDateTime>,
     pub idle_release_at: Option<OffsetDateTime>,
+    /// What its device measured: peak memory (MiB) and the busiest
+    /// 5-minute mean utilisation (%), for rightsizing advice.
+    pub peak_memory_mib: Option<i64>,
+    pub busy_pct: Option<f64>,
+}
+
+impl Booking {
+    /// Once it has ended: the smallest slice that would have served it, if
+    /// smaller than what it had (see [`crate::domain::rightsize`]).
+    pub fn advice(&self) -> Option<crate::domain::rightsize::Advice> {
+        use crate::domain::rightsize;
+        if !Status::FINAL.contains(&self.status) {
+            return None;
+        }
+        let peak = self.peak_memory_mib? as f64;
+        let model = crate::gpu::catalog::model(self.model.as_deref()?)?;
+        match self.kind {
+            Kind::Mig => {
+                let booked = model.profile(self.profile.as_deref()?)?;
+                rightsize::advise_mig(model, booked, peak, self.busy_pct)
+            }
+            Kind::Timeslice => rightsize::advise_share(self.memory_gib, model.memory_gib, peak),
+        }
+    }
 }
 
 /// Statuses as the text the schema stores (for `= ANY($n)`).
@@ -85,9 +109,14 @@ pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<
                   b.device_uuid, b.reason, b.offered_start, b.warned_at, b.attempts, b.scheduler, b.created_at, b.updated_at,
                   b.idle_since, b.idle_warned_at,
                   CASE WHEN t.idle_action = 'release'
-                       THEN b.idle_warned_at + make_interval(mins => t.idle_grace_minutes) END AS idle_release_at
+                       THEN b.idle_warned_at + make_interval(mins => t.idle_grace_minutes) END AS idle_release_at,
+                  r.peak_memory_mib, r.busy_pct
            FROM unnest($1::bigint[]) WITH ORDINALITY AS i (id, ord)
            JOIN bookings b ON b.id = i.id
+           LEFT JOIN LATERAL (
+               SELECT max(memory_used_max) AS peak_memory_mib,
+                      max(utilization_sum / NULLIF(utilization_n, 0)) AS busy_pct
+               FROM instance_rollups WHERE booking_id = b.id) r ON true
            JOIN tenants t ON t.id = b.tenant_id
            JOIN users u ON u.id = b.user_id
            LEFT JOIN gpus g ON g.id = b.gpu_id

@@ -72,6 +72,9 @@ pub struct BookingView {
     /// While an active booking is idle (its tenant reclaims idle GPUs):
     /// since when, when its owner was warned, when it will be released.
     pub idle: Option<IdleView>,
+    /// Once ended: the smallest slice that would have served it (from its
+    /// measured peak memory and utilisation), when smaller than its own.
+    pub advice: Option<crate::domain::rightsize::Advice>,
     /// An active share's scheduler state: slice, priority, achieved part.
     #[schema(value_type = Option<Object>)]
     pub scheduler: Option<Value>,
@@ -115,6 +118,7 @@ impl From<&Booking> for BookingView {
                     warned_at: b.idle_warned_at.map(rfc3339),
                     release_at: b.idle_release_at.map(rfc3339),
                 }),
+            advice: b.advice(),
             scheduler: (b.kind == Kind::Timeslice && b.status == Status::Active)
                 .then(|| b.scheduler.clone())
                 .flatten(),
