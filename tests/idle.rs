@@ -398,4 +398,38 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
         body.contains("a 1g.6gb would have done, 1/4 of the slice-hours"),
         "the booking page gives the advice"
     );
+    // The next booking form starts from it ...
+    let body = page
+        .get(w.app.url("/bookings/new"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains(&format!("Suggested from your booking #{a}")),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"<option value="1g.6gb" selected"#),
+        "the profile is pre-filled"
+    );
+    // ... and the tenant's managers see the month's sum.
+    w.app.user("boss@uni.edu", "none", &["lab:manager"]).await;
+    let boss = w.app.signed_in("boss@uni.edu").await;
+    let body = boss
+        .get(w.app.url("/tenants/lab"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains(
+            "1 of the 1 bookings that ended this month would have done on a smaller slice"
+        ),
+        "{body}"
+    );
 }

@@ -114,6 +114,12 @@ pub fn advise_share(booked_gib: i32, gpu_memory_gib: f64, peak_mib: f64) -> Opti
     })
 }
 
+/// Slice-hours a booking of `compute_slices` for `hours` would have saved
+/// at `advice`'s size.
+pub fn saved_slice_hours(advice: &Advice, compute_slices: i32, hours: f64) -> f64 {
+    (1.0 - advice.slice_hours_ratio).max(0.0) * f64::from(compute_slices) * hours
+}
+
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }

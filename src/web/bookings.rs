@@ -147,6 +147,9 @@ pub struct NewPage {
     /// The availability panel's filter (the form's kind and model).
     kind: String,
     model: String,
+    /// What the person's latest ended booking measured, when a smaller
+    /// slice would have done (pre-filled on a fresh form).
+    suggestion: Option<String>,
 }
 
 impl NewPage {
@@ -193,6 +196,7 @@ async fn new_page(
         models,
         profiles,
         offerings,
+        suggestion: None,
     })
 }
 
@@ -204,6 +208,29 @@ pub async fn new_form(
     user: CurrentUser,
     Query(mut input): Query<BookingInput>,
 ) -> Result<NewPage, AppError> {
+    // A fresh form starts from what the person's latest ended booking
+    // would have needed.
+    let fresh = input.kind.is_empty() && input.profile.is_empty() && input.memory_gib.is_empty();
+    let mut suggestion = None;
+    if fresh {
+        let recent =
+            db::bookings::list(&state.pool, db::bookings::Scope::User(user.user.id), 10).await?;
+        if let Some((b, a)) = recent.iter().find_map(|b| b.advice().map(|a| (b, a))) {
+            input.kind = b.kind.as_str().into();
+            input.model = b.model.clone().unwrap_or_default();
+            if let Some(p) = &a.profile {
+                input.profile = p.clone();
+            }
+            if let Some(m) = a.memory_gib {
+                input.memory_gib = m.to_string();
+            }
+            input.tenant = b.tenant_slug.clone();
+            suggestion = Some(format!(
+                "Suggested from your booking #{}: {}.",
+                b.id, a.summary
+            ));
+        }
+    }
     if input.kind.is_empty() {
         input.kind = "mig".into();
     }
@@ -215,7 +242,9 @@ pub async fn new_form(
             input.tenant = m.slug.clone();
         }
     }
-    new_page(&state, &session, &user, input, FieldErrors::default(), None).await
+    let mut page = new_page(&state, &session, &user, input, FieldErrors::default(), None).await?;
+    page.suggestion = suggestion;
+    Ok(page)
 }
 
 /// `POST /bookings`

@@ -140,6 +140,9 @@ pub struct TenantPage {
     can_see_members: bool,
     members: Vec<Member>,
     qos: Vec<db::bookings::QosEvent>,
+    /// Managers: this month's ended bookings that a smaller slice would
+    /// have served, and the slice-hours that would have saved.
+    rightsizing: Option<(usize, usize, String)>,
 }
 
 /// A tenant's quota (members), plus its people (managers and admins).
@@ -164,12 +167,37 @@ pub async fn tenant(
     } else {
         Vec::new()
     };
+    let rightsizing = if can_see_members {
+        let now = time::OffsetDateTime::now_utc();
+        let month = now
+            .replace_day(1)
+            .map(|d| d.replace_time(time::Time::MIDNIGHT))
+            .unwrap_or(now);
+        let ended = db::bookings::ended_since(&state.pool, id, month).await?;
+        let advised: Vec<_> = ended
+            .iter()
+            .filter_map(|b| {
+                let hours = (b.end - b.start).as_seconds_f64() / 3600.0;
+                b.advice().map(|a| {
+                    crate::domain::rightsize::saved_slice_hours(&a, b.compute_slices, hours)
+                })
+            })
+            .collect();
+        Some((
+            ended.len(),
+            advised.len(),
+            format!("{:.1}", advised.iter().sum::<f64>()),
+        ))
+    } else {
+        None
+    };
     Ok(TenantPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
         tenant: db::tenants::get(&state.pool, id).await?,
         can_see_members,
         members,
         qos: db::bookings::qos_ledger(&state.pool, id, 100).await?,
+        rightsizing,
     })
 }
 

@@ -381,3 +381,22 @@ pub async fn lock(
     .await?;
     Ok((r.status, r.ending_as))
 }
+
+/// A tenant's bookings that ended since `since` (for the rightsizing sum).
+pub async fn ended_since(
+    db: impl PgExecutor<'_> + Copy,
+    tenant_id: i64,
+    since: OffsetDateTime,
+) -> sqlx::Result<Vec<Booking>> {
+    let ids = sqlx::query_scalar!(
+        "SELECT id FROM bookings
+         WHERE tenant_id = $1 AND status = ANY($2) AND upper(during) >= $3
+         ORDER BY id",
+        tenant_id,
+        &status_names(Status::FINAL) as &[String],
+        since
+    )
+    .fetch_all(db)
+    .await?;
+    get_many(db, &ids).await
+}
