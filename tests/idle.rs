@@ -433,3 +433,164 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_back() {
+    let app = TestApp::spawn().await;
+    let node = SimNode::register(
+        &app,
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\nmax_shares = 4\n",
+        "n1",
+        4,
+    )
+    .await;
+    let w = World { app, node };
+    w.tenant("lab", "0", "30", "notify").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let (s, b) = w
+        .call(
+            &ana,
+            "POST",
+            "/api/v1/bookings",
+            Some(json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "priority": "high", "hours": 4})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let a = b["id"].as_i64().unwrap();
+    w.until_active(a).await;
+    // It has run an hour at 3 % busy.
+    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '1 hour', upper(during)) WHERE id = $1")
+        .bind(a)
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
+                                       memory_limit_mib, utilization_sum, utilization_n)
+         SELECT $1, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01') - k * interval '5 minutes',
+                30, 30 * 1000, 1000, 8192, 30 * 3.0, 30
+         FROM generate_series(0, 5) AS k",
+    )
+    .bind(a)
+    .execute(&w.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        gpuslice::watch::optimizer::round(&w.app.pool)
+            .await
+            .unwrap(),
+        (1, 0)
+    );
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert_eq!(view["priority"], "low", "{view}");
+    let before: f64 = sqlx::query_scalar(
+        "SELECT before FROM optimizer_actions WHERE action = 'priority_lowered'",
+    )
+    .fetch_one(&w.app.pool)
+    .await
+    .unwrap();
+    assert!((before - 3.0).abs() < 1e-9, "{before}");
+    // Lowered once, not again.
+    assert_eq!(
+        gpuslice::watch::optimizer::round(&w.app.pool)
+            .await
+            .unwrap(),
+        (0, 0)
+    );
+    // An admin gives it back from the optimizer page.
+    w.app.user("root@uni.edu", "admin", &[]).await;
+    let root = w.app.signed_in("root@uni.edu").await;
+    let body = root
+        .get(w.app.url("/admin/optimizer"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("priority_lowered") && body.contains("Give the priority back"),
+        "{body}"
+    );
+    assert!(body.contains("L40S-48GB"), "the GPU table lists the fleet");
+    let id: i64 = w
+        .count("SELECT id FROM optimizer_actions WHERE action = 'priority_lowered'")
+        .await;
+    let path = format!("/admin/optimizer/actions/{id}/reverse");
+    let r = w.app.post_form(&root, "/admin/optimizer", &path, &[]).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert_eq!(view["priority"], "high", "{view}");
+    assert_eq!(
+        w.count("SELECT count(*) FROM optimizer_actions WHERE action = 'priority_restored' AND actor = 'root@uni.edu'").await,
+        1
+    );
+    // The admin's decision holds: the optimizer leaves the booking alone.
+    assert_eq!(
+        gpuslice::watch::optimizer::round(&w.app.pool)
+            .await
+            .unwrap(),
+        (0, 0)
+    );
+    // Reversing twice is refused with a sentence.
+    let r = w.app.post_form(&root, "/admin/optimizer", &path, &[]).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn the_optimizer_gives_the_priority_back_once_the_share_is_busy() {
+    let app = TestApp::spawn().await;
+    let node = SimNode::register(
+        &app,
+        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\nmax_shares = 4\n",
+        "n1",
+        4,
+    )
+    .await;
+    let w = World { app, node };
+    w.tenant("lab", "0", "30", "notify").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let (_, b) = w
+        .call(
+            &ana,
+            "POST",
+            "/api/v1/bookings",
+            Some(json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "hours": 4})),
+        )
+        .await;
+    let a = b["id"].as_i64().unwrap();
+    w.until_active(a).await;
+    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '1 hour', upper(during)), priority = 'low', lowered_from = 'normal' WHERE id = $1")
+        .bind(a)
+        .execute(&w.app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
+                                       memory_limit_mib, utilization_sum, utilization_n)
+         VALUES ($1, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01'), 10, 10 * 4000, 4000, 8192, 10 * 80.0, 10)",
+    )
+    .bind(a)
+    .execute(&w.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        gpuslice::watch::optimizer::round(&w.app.pool)
+            .await
+            .unwrap(),
+        (0, 1)
+    );
+    let (_, view) = w
+        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
+        .await;
+    assert_eq!(view["priority"], "normal", "{view}");
+    let after: f64 = sqlx::query_scalar("SELECT after FROM optimizer_actions WHERE action = 'priority_restored' AND actor = 'optimizer'")
+        .fetch_one(&w.app.pool)
+        .await
+        .unwrap();
+    assert!((after - 80.0).abs() < 1e-9, "{after}");
+}

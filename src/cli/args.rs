@@ -195,6 +195,10 @@ pub struct GpuArgs {
     /// idle (for tenants with an idle policy).
     #[arg(long, env = "GPUSLICE_IDLE_THRESHOLD_PCT", default_value_t = 5.0)]
     pub idle_threshold_pct: f32,
+    /// Lower time-sliced shares that stay under 10 % busy for 30 minutes to
+    /// low priority (restored once busy again; recorded on /admin/optimizer).
+    #[arg(long, env = "GPUSLICE_OPTIMIZER_LOWER_IDLE_SHARES")]
+    pub optimizer_lower_idle_shares: bool,
     /// Hours raw telemetry samples are kept (5-minute rollups stay longer).
     #[arg(long, env = "GPUSLICE_TELEMETRY_RAW_HOURS", default_value_t = 48, value_parser = clap::value_parser!(i64).range(1..=8760))]
     pub telemetry_raw_hours: i64,

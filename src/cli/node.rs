@@ -276,6 +276,7 @@ pub fn start_watch(pool: &PgPool, gpu: &GpuArgs) -> Result<Vec<JoinHandle<()>>> 
         bail!("--idle-threshold-pct: give a utilisation between 0 and 100");
     }
     settings.idle_threshold_pct = gpu.idle_threshold_pct;
+    settings.lower_idle_shares = gpu.optimizer_lower_idle_shares;
     settings.retention = crate::db::telemetry::Retention {
         raw_hours: gpu.telemetry_raw_hours,
         rollup_days: gpu.telemetry_rollup_days,

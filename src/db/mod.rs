@@ -8,6 +8,7 @@ pub mod embedded;
 pub mod fleet;
 pub mod idle;
 pub mod notify;
+pub mod optimizer;
 pub mod telemetry;
 pub mod tenants;
 pub mod throttle;

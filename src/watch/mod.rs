@@ -10,6 +10,7 @@
 
 pub mod idle;
 pub mod notifier;
+pub mod optimizer;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -32,6 +33,8 @@ pub struct Settings {
     /// Idle reclaim: a device under this utilisation (%) without processes
     /// is idle.
     pub idle_threshold_pct: f32,
+    /// The optimizer lowers quiet shares to low priority (and restores them).
+    pub lower_idle_shares: bool,
 }
 
 impl Settings {
@@ -41,6 +44,7 @@ impl Settings {
             prune_every: Duration::from_secs(60),
             retention: db::telemetry::Retention::default(),
             idle_threshold_pct: 5.0,
+            lower_idle_shares: false,
         }
     }
 }
@@ -63,6 +67,15 @@ pub async fn run(pool: PgPool, settings: Settings) {
             Err(e) => tracing::warn!(error = format!("{e:#}"), "idle reclaim failed"),
         }
         if last_prune.elapsed() >= settings.prune_every {
+            if settings.lower_idle_shares {
+                match optimizer::round(&pool).await {
+                    Ok((0, 0)) => {}
+                    Ok((lowered, restored)) => {
+                        tracing::info!(lowered, restored, "optimizer: share priorities")
+                    }
+                    Err(e) => tracing::warn!(error = format!("{e:#}"), "optimizer round failed"),
+                }
+            }
             last_prune = std::time::Instant::now();
             match db::telemetry::prune(&pool, settings.retention).await {
                 Ok(n) if n > 0 => tracing::debug!(deleted = n, "telemetry retention"),

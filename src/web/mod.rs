@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod forms;
 pub mod home;
 pub mod ops;
+pub mod optimizer;
 pub mod pages;
 pub mod settings;
 pub mod usage;
@@ -363,6 +364,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin::routes())
         .merge(fleet::routes())
         .merge(alerts::routes())
+        .merge(optimizer::routes())
         .merge(ops::routes())
         .nest(api::BASE, api::routes())
         .fallback(not_found)
