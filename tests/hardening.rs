@@ -498,6 +498,22 @@ async fn requests_past_the_limit_or_the_time_answer_503_with_retry_after() {
         reqwest::get(app.url("/healthz")).await.unwrap().status(),
         StatusCode::OK
     );
+    // One client holding its share (half) of the slots waits its turn
+    // while others are served.
+    let share = app.state.settings.max_concurrent_requests / 2;
+    app.state
+        .in_flight
+        .lock()
+        .unwrap()
+        .insert("127.0.0.1".into(), share);
+    let r = reqwest::get(app.url("/login")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.text().await.unwrap().contains("too many requests in flight"));
+    app.state.in_flight.lock().unwrap().clear();
+    assert_eq!(
+        reqwest::get(app.url("/healthz")).await.unwrap().status(),
+        StatusCode::OK
+    );
     // A request stuck longer than the request timeout (here: waiting for a
     // password slot) is answered 503, not left hanging.
     let n = app.state.password_slots.available_permits() as u32;

@@ -106,7 +106,7 @@ pub struct AppState {
     /// Requests being served at once (see [`WebSettings::max_concurrent_requests`]).
     pub request_slots: Arc<tokio::sync::Semaphore>,
     /// Requests in flight per client (address, or IPv6 /64): one client may
-    /// hold at most an eighth of the request slots.
+    /// hold at most half of the request slots.
     pub in_flight: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
@@ -267,7 +267,7 @@ async fn limits(
     let (parts, body) = req.into_parts();
     let client = auth::throttle_scope(&auth::client_addr(&parts, &state.settings));
     let req = Request::from_parts(parts, body);
-    let per_client = (state.settings.max_concurrent_requests / 8).max(1);
+    let per_client = (state.settings.max_concurrent_requests / 2).max(1);
     let Some(_mine) = ClientSlot::take(&state.in_flight, client, per_client) else {
         return busy("you have too many requests in flight");
     };
