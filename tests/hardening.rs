@@ -508,7 +508,11 @@ async fn requests_past_the_limit_or_the_time_answer_503_with_retry_after() {
         .insert("127.0.0.1".into(), share);
     let r = reqwest::get(app.url("/login")).await.unwrap();
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(r.text().await.unwrap().contains("too many requests in flight"));
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("too many requests in flight"));
     app.state.in_flight.lock().unwrap().clear();
     assert_eq!(
         reqwest::get(app.url("/healthz")).await.unwrap().status(),

@@ -128,6 +128,28 @@ impl World {
         .unwrap();
     }
 
+    /// A time-sliced share of `priority` on one L40S, active and started an
+    /// hour ago: the world, the owner's token, the booking.
+    async fn running_share(priority: &str) -> (World, String, i64) {
+        let app = TestApp::spawn().await;
+        let fleet = "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\nmax_shares = 4\n";
+        let node = SimNode::register(&app, fleet, "n1", 4).await;
+        let w = World { app, node };
+        w.tenant("lab", "0", "30", "notify").await;
+        let ana = w.person("ana@uni.edu", "lab").await;
+        let body = json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "priority": priority, "hours": 4});
+        let (s, b) = w.call(&ana, "POST", "/api/v1/bookings", Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        let a = b["id"].as_i64().unwrap();
+        w.until_active(a).await;
+        sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '1 hour', upper(during)) WHERE id = $1")
+            .bind(a)
+            .execute(&w.app.pool)
+            .await
+            .unwrap();
+        (w, ana, a)
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         self.app.one::<i64>(sql).await
     }
@@ -436,34 +458,8 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
 
 #[tokio::test]
 async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_back() {
-    let app = TestApp::spawn().await;
-    let node = SimNode::register(
-        &app,
-        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\nmax_shares = 4\n",
-        "n1",
-        4,
-    )
-    .await;
-    let w = World { app, node };
-    w.tenant("lab", "0", "30", "notify").await;
-    let ana = w.person("ana@uni.edu", "lab").await;
-    let (s, b) = w
-        .call(
-            &ana,
-            "POST",
-            "/api/v1/bookings",
-            Some(json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "priority": "high", "hours": 4})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    let a = b["id"].as_i64().unwrap();
-    w.until_active(a).await;
+    let (w, ana, a) = World::running_share("high").await;
     // It has run an hour at 3 % busy.
-    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '1 hour', upper(during)) WHERE id = $1")
-        .bind(a)
-        .execute(&w.app.pool)
-        .await
-        .unwrap();
     sqlx::query(
         "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
                                        memory_limit_mib, utilization_sum, utilization_n)
@@ -543,28 +539,9 @@ async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_bac
 
 #[tokio::test]
 async fn the_optimizer_gives_the_priority_back_once_the_share_is_busy() {
-    let app = TestApp::spawn().await;
-    let node = SimNode::register(
-        &app,
-        "[[node]]\nname = \"n1\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\nmax_shares = 4\n",
-        "n1",
-        4,
-    )
-    .await;
-    let w = World { app, node };
-    w.tenant("lab", "0", "30", "notify").await;
-    let ana = w.person("ana@uni.edu", "lab").await;
-    let (_, b) = w
-        .call(
-            &ana,
-            "POST",
-            "/api/v1/bookings",
-            Some(json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "hours": 4})),
-        )
-        .await;
-    let a = b["id"].as_i64().unwrap();
-    w.until_active(a).await;
-    sqlx::query("UPDATE bookings SET during = tstzrange(lower(during) - interval '1 hour', upper(during)), priority = 'low', lowered_from = 'normal' WHERE id = $1")
+    let (w, ana, a) = World::running_share("normal").await;
+    // The optimizer lowered it earlier.
+    sqlx::query("UPDATE bookings SET priority = 'low', lowered_from = 'normal' WHERE id = $1")
         .bind(a)
         .execute(&w.app.pool)
         .await
