@@ -150,6 +150,38 @@ impl World {
         (w, ana, a)
     }
 
+    /// A booking as its owner reads it through the API.
+    async fn view(&self, token: &str, id: i64) -> Value {
+        self.call(token, "GET", &format!("/api/v1/bookings/{id}"), None)
+            .await
+            .1
+    }
+
+    /// `buckets` 5-minute rollups up to now, `util` % busy, as telemetry
+    /// would have written them.
+    async fn busy_for(&self, id: i64, buckets: i32, util: f64) {
+        sqlx::query(
+            "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
+                                           memory_limit_mib, utilization_sum, utilization_n)
+             SELECT $1, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01') - k * interval '5 minutes',
+                    30, 30 * 1000, 1000, 8192, 30 * $3, 30
+             FROM generate_series(0, $2 - 1) AS k
+             ON CONFLICT (booking_id, bucket) DO UPDATE SET utilization_sum = EXCLUDED.utilization_sum",
+        )
+        .bind(id)
+        .bind(buckets)
+        .bind(util)
+        .execute(&self.app.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn optimize(&self) -> (usize, usize) {
+        gpuslice::watch::optimizer::round(&self.app.pool)
+            .await
+            .unwrap()
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         self.app.one::<i64>(sql).await
     }
@@ -170,18 +202,14 @@ async fn an_idle_booking_is_warned_then_released_and_its_slot_goes_to_the_queue(
     // No process on the device: the idle clock starts.
     let r = w.round().await;
     assert_eq!(r.started, 1, "{r:?}");
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert!(view["idle"]["since"].is_string(), "{view}");
     assert!(view["idle"]["warned_at"].is_null(), "{view}");
 
     // Thirty idle minutes later: Ana is warned (e-mail, timeline, banner).
     w.age(a, "idle_since", 31).await;
     assert_eq!(w.round().await.warned, 1);
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert!(view["idle"]["warned_at"].is_string(), "{view}");
     assert!(view["idle"]["release_at"].is_string(), "{view}");
     assert_eq!(
@@ -235,9 +263,7 @@ async fn an_idle_booking_is_warned_then_released_and_its_slot_goes_to_the_queue(
             .unwrap();
     w.age(a, "idle_warned_at", 16).await;
     assert_eq!(w.round().await.released, 1);
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert_eq!(view["reason"], "idle", "{view}");
     assert_eq!(view["status"], "releasing", "{view}");
     assert_eq!(
@@ -288,9 +314,7 @@ async fn a_booking_with_work_running_is_never_warned() {
         assert_eq!(r, Default::default(), "{r:?}");
         w.age(a, "idle_since", 60).await;
     }
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert!(view["idle"].is_null(), "{view}");
     assert_eq!(view["status"], "active");
 }
@@ -309,9 +333,7 @@ async fn still_working_starts_the_clock_again_and_notify_never_releases() {
     // notify: no release however long the owner stays silent.
     w.age(a, "idle_warned_at", 600).await;
     assert_eq!(w.round().await.released, 0);
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert!(view["idle"]["release_at"].is_null(), "{view}");
     // Only the owner may say it is still in use.
     let (s, _) = w
@@ -388,9 +410,7 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
     .execute(&w.app.pool)
     .await
     .unwrap();
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert!(view["advice"].is_null(), "no advice while it runs: {view}");
     let (s, _) = w
         .call(&ana, "POST", &format!("/api/v1/bookings/{a}/release"), None)
@@ -399,9 +419,7 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
     for _ in 0..5 {
         w.node.step(&w.app).await;
     }
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     let advice = &view["advice"];
     assert_eq!(advice["profile"], "1g.6gb", "{view}");
     assert_eq!(advice["slice_hours_ratio"], 0.25, "{view}");
@@ -460,26 +478,9 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
 async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_back() {
     let (w, ana, a) = World::running_share("high").await;
     // It has run an hour at 3 % busy.
-    sqlx::query(
-        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
-                                       memory_limit_mib, utilization_sum, utilization_n)
-         SELECT $1, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01') - k * interval '5 minutes',
-                30, 30 * 1000, 1000, 8192, 30 * 3.0, 30
-         FROM generate_series(0, 5) AS k",
-    )
-    .bind(a)
-    .execute(&w.app.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        gpuslice::watch::optimizer::round(&w.app.pool)
-            .await
-            .unwrap(),
-        (1, 0)
-    );
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    w.busy_for(a, 6, 3.0).await;
+    assert_eq!(w.optimize().await, (1, 0));
+    let view = w.view(&ana, a).await;
     assert_eq!(view["priority"], "low", "{view}");
     let before: f64 = sqlx::query_scalar(
         "SELECT before FROM optimizer_actions WHERE action = 'priority_lowered'",
@@ -489,12 +490,7 @@ async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_bac
     .unwrap();
     assert!((before - 3.0).abs() < 1e-9, "{before}");
     // Lowered once, not again.
-    assert_eq!(
-        gpuslice::watch::optimizer::round(&w.app.pool)
-            .await
-            .unwrap(),
-        (0, 0)
-    );
+    assert_eq!(w.optimize().await, (0, 0));
     // An admin gives it back from the optimizer page.
     w.app.user("root@uni.edu", "admin", &[]).await;
     let root = w.app.signed_in("root@uni.edu").await;
@@ -517,21 +513,14 @@ async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_bac
     let path = format!("/admin/optimizer/actions/{id}/reverse");
     let r = w.app.post_form(&root, "/admin/optimizer", &path, &[]).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    let view = w.view(&ana, a).await;
     assert_eq!(view["priority"], "high", "{view}");
     assert_eq!(
         w.count("SELECT count(*) FROM optimizer_actions WHERE action = 'priority_restored' AND actor = 'root@uni.edu'").await,
         1
     );
     // The admin's decision holds: the optimizer leaves the booking alone.
-    assert_eq!(
-        gpuslice::watch::optimizer::round(&w.app.pool)
-            .await
-            .unwrap(),
-        (0, 0)
-    );
+    assert_eq!(w.optimize().await, (0, 0));
     // Reversing twice is refused with a sentence.
     let r = w.app.post_form(&root, "/admin/optimizer", &path, &[]).await;
     assert_eq!(r.status(), StatusCode::CONFLICT);
@@ -546,24 +535,9 @@ async fn the_optimizer_gives_the_priority_back_once_the_share_is_busy() {
         .execute(&w.app.pool)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO instance_rollups (booking_id, bucket, samples, memory_used_sum, memory_used_max,
-                                       memory_limit_mib, utilization_sum, utilization_n)
-         VALUES ($1, date_bin('5 minutes', now(), TIMESTAMPTZ '2000-01-01'), 10, 10 * 4000, 4000, 8192, 10 * 80.0, 10)",
-    )
-    .bind(a)
-    .execute(&w.app.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        gpuslice::watch::optimizer::round(&w.app.pool)
-            .await
-            .unwrap(),
-        (0, 1)
-    );
-    let (_, view) = w
-        .call(&ana, "GET", &format!("/api/v1/bookings/{a}"), None)
-        .await;
+    w.busy_for(a, 1, 80.0).await;
+    assert_eq!(w.optimize().await, (0, 1));
+    let view = w.view(&ana, a).await;
     assert_eq!(view["priority"], "normal", "{view}");
     let after: f64 = sqlx::query_scalar("SELECT after FROM optimizer_actions WHERE action = 'priority_restored' AND actor = 'optimizer'")
         .fetch_one(&w.app.pool)
