@@ -182,6 +182,12 @@ impl World {
             .unwrap()
     }
 
+    /// A page's HTML as `client` sees it.
+    async fn html(&self, client: &reqwest::Client, path: &str) -> String {
+        let r = client.get(self.app.url(path)).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         self.app.one::<i64>(sql).await
     }
@@ -227,26 +233,12 @@ async fn an_idle_booking_is_warned_then_released_and_its_slot_goes_to_the_queue(
         1
     );
     let page = w.app.signed_in("ana@uni.edu").await;
-    let body = page
-        .get(w.app.url("/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&page, "/").await;
     assert!(
         body.contains("has had no work on its GPU"),
         "dashboard banner"
     );
-    let body = page
-        .get(w.app.url(&format!("/bookings/{a}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&page, &format!("/bookings/{a}")).await;
     assert!(
         body.contains("id=\"keep\""),
         "the booking page offers \"Still working\""
@@ -426,27 +418,13 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
     assert_eq!(advice["peak_memory_gib"], 5.0, "{view}");
     assert_eq!(advice["busy_pct"], 20.0, "{view}");
     let page = w.app.signed_in("ana@uni.edu").await;
-    let body = page
-        .get(w.app.url(&format!("/bookings/{a}")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&page, &format!("/bookings/{a}")).await;
     assert!(
         body.contains("a 1g.6gb would have done, 1/4 of the slice-hours"),
         "the booking page gives the advice"
     );
     // The next booking form starts from it ...
-    let body = page
-        .get(w.app.url("/bookings/new"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&page, "/bookings/new").await;
     assert!(
         body.contains(&format!("Suggested from your booking #{a}")),
         "{body}"
@@ -458,14 +436,7 @@ async fn an_ended_booking_says_which_smaller_slice_would_have_done() {
     // ... and the tenant's managers see the month's sum.
     w.app.user("boss@uni.edu", "none", &["lab:manager"]).await;
     let boss = w.app.signed_in("boss@uni.edu").await;
-    let body = boss
-        .get(w.app.url("/tenants/lab"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&boss, "/tenants/lab").await;
     assert!(
         body.contains(
             "1 of the 1 bookings that ended this month would have done on a smaller slice"
@@ -494,14 +465,7 @@ async fn the_optimizer_lowers_a_quiet_share_records_it_and_an_admin_gives_it_bac
     // An admin gives it back from the optimizer page.
     w.app.user("root@uni.edu", "admin", &[]).await;
     let root = w.app.signed_in("root@uni.edu").await;
-    let body = root
-        .get(w.app.url("/admin/optimizer"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = w.html(&root, "/admin/optimizer").await;
     assert!(
         body.contains("priority_lowered") && body.contains("Give the priority back"),
         "{body}"
