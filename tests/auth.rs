@@ -109,16 +109,7 @@ async fn session_id_changes_at_sign_in() {
     let r = app.login_as(&c, "ada@uni.edu", PASSWORD).await;
     let before = session_cookie(&r).expect("sign-in sets a session cookie");
     let token = app.csrf(&c, "/").await;
-    let r = c
-        .post(app.url("/login"))
-        .form(&[
-            ("csrf_token", token.as_str()),
-            ("email", "bob@uni.edu"),
-            ("password", PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_login(&c, &token, "bob@uni.edu", PASSWORD).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let after = session_cookie(&r).expect("sign-in sets a new session cookie");
     assert_ne!(before, after);

@@ -395,28 +395,12 @@ async fn a_visit_to_the_sign_in_page_stores_no_session() {
     // cookie, a token lifted from the page is worthless.
     let c = app.client();
     let token = app.csrf(&c, "/login").await;
-    let r = reqwest::Client::new()
-        .post(app.url("/login"))
-        .form(&[
-            ("csrf_token", token.as_str()),
-            ("email", "ada@uni.edu"),
-            ("password", PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = app
+        .post_login(&reqwest::Client::new(), &token, "ada@uni.edu", PASSWORD)
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     // With it, sign-in works, and the pre-session cookie is cleared.
-    let r = c
-        .post(app.url("/login"))
-        .form(&[
-            ("csrf_token", token.as_str()),
-            ("email", "ada@uni.edu"),
-            ("password", PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_login(&c, &token, "ada@uni.edu", PASSWORD).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let cleared = r
         .headers()

@@ -241,10 +241,21 @@ impl TestApp {
         password: &str,
     ) -> reqwest::Response {
         let token = self.csrf(client, "/login").await;
+        self.post_login(client, &token, email, password).await
+    }
+
+    /// Posts the sign-in form with `token` as its CSRF token.
+    pub async fn post_login(
+        &self,
+        client: &Client,
+        token: &str,
+        email: &str,
+        password: &str,
+    ) -> reqwest::Response {
         client
             .post(self.url("/login"))
             .form(&[
-                ("csrf_token", token.as_str()),
+                ("csrf_token", token),
                 ("email", email),
                 ("password", password),
             ])
