@@ -13,6 +13,7 @@ CREATE TABLE optimizer_actions (
     detail      JSONB NOT NULL DEFAULT '{}'
 );
 CREATE INDEX optimizer_actions_at_idx ON optimizer_actions (at DESC);
+CREATE INDEX optimizer_actions_booking_idx ON optimizer_actions (booking_id, action);
 
 -- A share the optimizer lowered to `low`: the priority to give back.
 ALTER TABLE bookings ADD COLUMN lowered_from TEXT

@@ -509,3 +509,48 @@ async fn the_optimizer_gives_the_priority_back_once_the_share_is_busy() {
         .unwrap();
     assert!((after - 80.0).abs() < 1e-9, "{after}");
 }
+
+#[tokio::test]
+async fn no_telemetry_or_a_new_policy_stops_the_clock() {
+    let w = World::new().await;
+    w.tenant("lab", "10", "5", "release").await;
+    let ana = w.person("ana@uni.edu", "lab").await;
+    let a = w.book(&ana, "lab").await;
+    w.until_active(a).await;
+    w.round().await;
+    w.age(a, "idle_since", 11).await;
+    assert_eq!(w.round().await.warned, 1);
+    // The node stops reporting: its last sample grows old. The warning is
+    // withdrawn rather than the booking released on stale data.
+    sqlx::query(
+        "UPDATE instance_samples SET at = at - interval '10 minutes' WHERE booking_id = $1",
+    )
+    .bind(a)
+    .execute(&w.app.pool)
+    .await
+    .unwrap();
+    let r = gpuslice::watch::idle::round(&w.app.pool, 5.0, 60.0)
+        .await
+        .unwrap();
+    assert_eq!(r.cleared, 1, "{r:?}");
+    assert!(w.view(&ana, a).await["idle"].is_null());
+    // Warned again later, then the tenant's policy changes: every clock
+    // starts afresh (no release at once under the new policy).
+    w.round().await;
+    w.age(a, "idle_since", 11).await;
+    assert_eq!(w.round().await.warned, 1);
+    w.age(a, "idle_warned_at", 60).await;
+    let edit = gpuslice::cli::TenantEditArgs {
+        slug: "lab".into(),
+        idle: gpuslice::cli::IdleArgs {
+            idle_grace_minutes: Some("30".into()),
+            ..Default::default()
+        },
+    };
+    gpuslice::cli::tenant_edit(&w.app.pool, &edit)
+        .await
+        .unwrap();
+    assert!(w.view(&ana, a).await["idle"].is_null());
+    assert_eq!(w.round().await.released, 0);
+    assert_eq!(booking_status(&w.app, a).await, "active");
+}

@@ -77,12 +77,20 @@ pub async fn start(db: impl PgExecutor<'_>, id: i64, since: OffsetDateTime) -> s
     Ok(())
 }
 
-/// Marks the owner warned; false when another process warned first.
-pub async fn mark_warned(tx: &mut Transaction<'_, Postgres>, id: i64) -> sqlx::Result<bool> {
+/// Marks the owner warned, if the booking is still idle for `after_minutes`
+/// (an answer or new work since the round read it stops it); false when
+/// not, or when another process warned first.
+pub async fn mark_warned(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    after_minutes: i32,
+) -> sqlx::Result<bool> {
     let n = sqlx::query!(
         "UPDATE bookings SET idle_warned_at = now()
-         WHERE id = $1 AND status = 'active' AND idle_since IS NOT NULL AND idle_warned_at IS NULL",
-        id
+         WHERE id = $1 AND status = 'active' AND idle_warned_at IS NULL
+           AND idle_since <= now() - make_interval(mins => $2)",
+        id,
+        after_minutes
     )
     .execute(&mut **tx)
     .await?
@@ -114,4 +122,24 @@ pub async fn set_reason(
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// Whether a warned booking is still due for release: warned at least
+/// `grace_minutes` ago and no "still working" since (read under the row
+/// lock the release holds).
+pub async fn release_due(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    grace_minutes: i32,
+) -> sqlx::Result<bool> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT (idle_warned_at <= now() - make_interval(mins => $2)
+                   AND (idle_kept_at IS NULL OR idle_kept_at < idle_warned_at)) AS "due!"
+           FROM bookings WHERE id = $1"#,
+        id,
+        grace_minutes
+    )
+    .fetch_optional(&mut **tx)
+    .await?
+    .unwrap_or(false))
 }

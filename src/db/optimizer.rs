@@ -75,7 +75,7 @@ pub async fn restore(
 ) -> sqlx::Result<Option<Priority>> {
     sqlx::query_scalar!(
         r#"UPDATE bookings SET priority = lowered_from, lowered_from = NULL
-           WHERE id = $1 AND lowered_from IS NOT NULL
+           WHERE id = $1 AND lowered_from IS NOT NULL AND status = 'active'
            RETURNING priority AS "priority: Priority""#,
         id
     )
@@ -123,15 +123,40 @@ pub async fn record(
     .await
 }
 
-pub async fn history(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<Vec<Action>> {
-    sqlx::query_as!(
-        Action,
-        "SELECT id, at, action, actor, booking_id, metric, before, after, detail
-         FROM optimizer_actions ORDER BY at DESC, id DESC LIMIT $1",
+/// The newest entries, each with whether an admin can undo it now (the
+/// latest lowering of a booking still lowered and active).
+pub async fn history(db: impl PgExecutor<'_>, limit: i64) -> sqlx::Result<Vec<(Action, bool)>> {
+    let rows = sqlx::query!(
+        r#"SELECT a.id, a.at, a.action, a.actor, a.booking_id, a.metric, a.before, a.after, a.detail,
+                  (a.action = 'priority_lowered' AND b.lowered_from IS NOT NULL AND b.status = 'active'
+                   AND a.id = (SELECT max(l.id) FROM optimizer_actions l
+                               WHERE l.booking_id = a.booking_id AND l.action = 'priority_lowered'))
+                  AS "reversible!"
+           FROM optimizer_actions a LEFT JOIN bookings b ON b.id = a.booking_id
+           ORDER BY a.at DESC, a.id DESC LIMIT $1"#,
         limit
     )
     .fetch_all(db)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            (
+                Action {
+                    id: r.id,
+                    at: r.at,
+                    action: r.action,
+                    actor: r.actor,
+                    booking_id: r.booking_id,
+                    metric: r.metric,
+                    before: r.before,
+                    after: r.after,
+                    detail: r.detail,
+                },
+                r.reversible,
+            )
+        })
+        .collect())
 }
 
 pub async fn action(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<Action>> {
@@ -145,19 +170,9 @@ pub async fn action(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<Act
     .await
 }
 
-/// Whether a booking is lowered by the optimizer now.
-pub async fn is_lowered(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<bool> {
-    Ok(sqlx::query_scalar!(
-        r#"SELECT lowered_from IS NOT NULL AS "lowered!" FROM bookings WHERE id = $1"#,
-        id
-    )
-    .fetch_optional(db)
-    .await?
-    .unwrap_or(false))
-}
-
-/// A GPU over the last 7 days: mean utilisation, booked share of its
-/// compute (slice-seconds booked over slice-seconds it had), MIG or not.
+/// A GPU over the last 7 days: mean utilisation, and the slice-seconds
+/// booked on it (the page divides by what it had: 7 compute slices, 4 on
+/// an A30 in MIG mode).
 #[derive(Debug, Clone)]
 pub struct GpuWeek {
     pub id: i64,
@@ -166,22 +181,28 @@ pub struct GpuWeek {
     pub model: String,
     pub mode: String,
     pub mean_util: Option<f64>,
-    pub booked_pct: Option<f64>,
+    pub booked_slice_secs: f64,
 }
 
 pub async fn gpu_week(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<GpuWeek>> {
     sqlx::query_as!(
         GpuWeek,
-        r#"SELECT g.id, n.name AS node, g.idx, g.model, g.mode,
-                  (SELECT sum(utilization_sum) / NULLIF(sum(utilization_n), 0) FROM gpu_rollups
-                   WHERE gpu_id = g.id AND bucket >= now() - interval '7 days') AS mean_util,
-                  (SELECT 100.0 * sum(b.compute_slices * EXTRACT(EPOCH FROM
-                              LEAST(upper(b.during), now()) - GREATEST(lower(b.during), now() - interval '7 days')))
-                          / (7.0 * 7 * 86400)
-                   FROM bookings b
-                   WHERE b.gpu_id = g.id AND b.status NOT IN ('queued', 'cancelled')
-                     AND b.during && tstzrange(now() - interval '7 days', now()))::float8 AS booked_pct
+        r#"WITH booked AS (
+               SELECT b.gpu_id, sum(b.compute_slices * EXTRACT(EPOCH FROM
+                          LEAST(upper(b.during), now()) - GREATEST(lower(b.during), now() - interval '7 days')))::float8 AS secs
+               FROM bookings b
+               WHERE b.gpu_id IS NOT NULL AND b.status NOT IN ('queued', 'cancelled')
+                 AND b.during && tstzrange(now() - interval '7 days', now())
+               GROUP BY b.gpu_id),
+           util AS (
+               SELECT gpu_id, sum(utilization_sum) / NULLIF(sum(utilization_n), 0) AS mean_util
+               FROM gpu_rollups WHERE bucket >= now() - interval '7 days'
+               GROUP BY gpu_id)
+           SELECT g.id, n.name AS node, g.idx, g.model, g.mode, u.mean_util AS "mean_util?",
+                  COALESCE(bk.secs, 0) AS "booked_slice_secs!"
            FROM gpus g JOIN nodes n ON n.id = g.node_id
+           LEFT JOIN booked bk ON bk.gpu_id = g.id
+           LEFT JOIN util u ON u.gpu_id = g.id
            ORDER BY g.model, n.name, g.idx"#
     )
     .fetch_all(db)

@@ -227,10 +227,13 @@ pub async fn idle_policy(
 
 /// Sets a tenant's idle policy.
 pub async fn set_idle_policy(
-    db: impl PgExecutor<'_>,
+    db: &mut sqlx::PgConnection,
     id: i64,
     p: &crate::domain::IdlePolicy,
 ) -> sqlx::Result<()> {
+    if idle_policy(&mut *db, id).await? == *p {
+        return Ok(());
+    }
     sqlx::query!(
         "UPDATE tenants SET idle_after_minutes = $2, idle_grace_minutes = $3, idle_action = $4,
                             updated_at = now()
@@ -240,7 +243,17 @@ pub async fn set_idle_policy(
         p.grace_minutes,
         p.action.as_str()
     )
-    .execute(db)
+    .execute(&mut *db)
+    .await?;
+    // A new policy starts every clock afresh (no release at once on a
+    // switch to `release`, no stale warnings when turned off).
+    sqlx::query!(
+        "UPDATE bookings SET idle_since = NULL, idle_warned_at = NULL
+         WHERE tenant_id = $1 AND status = 'active'
+           AND (idle_since IS NOT NULL OR idle_warned_at IS NOT NULL)",
+        id
+    )
+    .execute(&mut *db)
     .await?;
     Ok(())
 }

@@ -65,7 +65,8 @@ pub fn advise_mig(
     busy_pct: Option<f64>,
 ) -> Option<Advice> {
     let best = smallest_profile(model, booked, peak_mib, busy_pct)?;
-    if best.compute_slices >= booked.compute_slices && best.memory_slices >= booked.memory_slices {
+    // Advice is worth giving when it saves slice-hours (what tenants pay).
+    if best.compute_slices >= booked.compute_slices {
         return None;
     }
     let ratio = f64::from(best.compute_slices) / f64::from(booked.compute_slices);

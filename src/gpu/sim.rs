@@ -156,8 +156,10 @@ struct Faults {
     fail_next_create: Option<String>,
     lost: HashSet<String>,
     delay: Duration,
-    /// Live processes the worker found in bookings' cgroups, by device.
-    observed: HashMap<String, usize>,
+    /// Live processes the worker found in bookings' cgroups, by device:
+    /// the simulation's model of CUDA work, so NVML-like process lists
+    /// show them too.
+    observed: HashMap<String, Vec<u32>>,
 }
 
 /// Where an injected crash strikes.
@@ -675,6 +677,19 @@ impl GpuBackend for SimBackend {
 
     fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {
         let lost = self.pause();
+        let observed: Vec<GpuProcess> = self
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observed
+            .get(device_uuid)
+            .into_iter()
+            .flatten()
+            .map(|&pid| GpuProcess {
+                pid,
+                used_memory_mib: 0,
+            })
+            .collect();
         self.access(false, |state| {
             for g in &state.gpus {
                 if g.uuid == device_uuid {
@@ -683,6 +698,7 @@ impl GpuBackend for SimBackend {
                     }
                     let mut all = g.processes.clone();
                     all.extend(g.instances.iter().flat_map(|i| i.processes.clone()));
+                    all.extend(observed.iter().cloned());
                     return Ok(all);
                 }
                 if let Some(i) = g
@@ -693,7 +709,9 @@ impl GpuBackend for SimBackend {
                     if lost.contains(&g.uuid) {
                         return Err(BackendError::GpuLost(g.uuid.clone()));
                     }
-                    return Ok(i.processes.clone());
+                    let mut all = i.processes.clone();
+                    all.extend(observed.iter().cloned());
+                    return Ok(all);
                 }
             }
             Err(BackendError::NoSuchDevice(device_uuid.to_string()))
@@ -714,9 +732,8 @@ impl GpuBackend for SimBackend {
             .unwrap_or_else(|e| e.into_inner())
             .observed
             .clone();
-        let seen = |uuid: &str, procs: &[GpuProcess]| {
-            procs.len() + observed.get(uuid).copied().unwrap_or(0)
-        };
+        let seen =
+            |uuid: &str, procs: &[GpuProcess]| procs.len() + observed.get(uuid).map_or(0, Vec::len);
         self.read_gpu(gpu_uuid, |g| {
             let model = catalog::model(&g.model);
             let total = model.map(|m| (m.memory_gib * 1024.0) as u64).unwrap_or(0);
@@ -786,7 +803,7 @@ impl GpuBackend for SimBackend {
         f.observed = by_device
             .iter()
             .filter(|(_, p)| !p.is_empty())
-            .map(|(d, p)| (d.clone(), p.len()))
+            .map(|(d, p)| (d.clone(), p.clone()))
             .collect();
     }
 }

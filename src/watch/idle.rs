@@ -8,9 +8,11 @@
 //! once; the queue planner places waiting bookings at its next tick).
 //!
 //! Only fresh samples count: with no telemetry (a node down, a backend
-//! that cannot tell) nothing is warned or released. Every write is
-//! conditional, so several processes running this round cannot warn or
-//! release twice.
+//! that cannot tell) nothing is warned or released, and a clock that was
+//! running stops (a warning is withdrawn). Every write is conditional and
+//! re-checked under the booking's lock, so several processes running this
+//! round cannot warn or release twice, and an answer or new work that
+//! arrives during a round wins.
 
 use sqlx::PgPool;
 
@@ -58,7 +60,15 @@ pub async fn round(pool: &PgPool, threshold_pct: f32, fresh_secs: f64) -> anyhow
         let (Some(at), Some(age)) = (c.sample_at, c.sample_age_secs) else {
             continue;
         };
-        if age > fresh_secs || c.kept_at.is_some_and(|k| at <= k) {
+        if age > fresh_secs {
+            // Telemetry stopped: the clock does not run on without it.
+            if c.idle_since.is_some() || c.warned_at.is_some() {
+                db::idle::clear(pool, c.id).await?;
+                out.cleared += 1;
+            }
+            continue;
+        }
+        if c.kept_at.is_some_and(|k| at <= k) {
             continue;
         }
         match busy(c.processes, c.utilization_pct, threshold_pct) {
@@ -96,7 +106,7 @@ pub async fn round(pool: &PgPool, threshold_pct: f32, fresh_secs: f64) -> anyhow
 
 async fn warn(pool: &PgPool, c: &Candidate) -> anyhow::Result<bool> {
     let mut tx = pool.begin().await?;
-    if !db::idle::mark_warned(&mut tx, c.id).await? {
+    if !db::idle::mark_warned(&mut tx, c.id, c.after_minutes).await? {
         return Ok(false);
     }
     let b = db::bookings::get(&mut *tx, c.id).await?;
@@ -155,6 +165,10 @@ async fn release(pool: &PgPool, c: &Candidate) -> anyhow::Result<bool> {
     let Ok(t) = Transition::of(status, Step::Release, None) else {
         return Ok(false);
     };
+    // Under the lock: an answer or new work since the round read it wins.
+    if !db::idle::release_due(&mut tx, c.id, c.grace_minutes).await? {
+        return Ok(false);
+    }
     let why = format!(
         "{REASON}: no work on its GPU for {} minutes and no answer to the warning within {} minutes",
         c.after_minutes, c.grace_minutes

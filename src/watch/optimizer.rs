@@ -2,7 +2,9 @@
 //! `GPUSLICE_OPTIMIZER_LOWER_IDLE_SHARES`): a time-sliced share whose
 //! device was under 10 % busy over the last 30 minutes is lowered to `low`
 //! priority, so that its turns go to busier shares; once it is busy again
-//! (30 % over the last 10 minutes) its priority comes back. Both are in the
+//! (15 % over the last 10 minutes: a low share gets about a fifth of the
+//! GPU against two normal ones, so the mark must be reachable from low)
+//! its priority comes back. Both are in the
 //! optimization history with the utilisation before and after, and an
 //! admin can give the priority back by hand (`/admin/optimizer`), after
 //! which the optimizer leaves that booking alone.
@@ -18,7 +20,7 @@ pub const ACTOR: &str = "optimizer";
 pub const QUIET_PCT: f64 = 10.0;
 pub const QUIET_MINS: i32 = 30;
 /// At or over this mean utilisation (%) over [`BUSY_MINS`] it is restored.
-pub const BUSY_PCT: f64 = 30.0;
+pub const BUSY_PCT: f64 = 15.0;
 pub const BUSY_MINS: i32 = 10;
 
 /// What one round did: (lowered, restored).

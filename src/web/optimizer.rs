@@ -80,6 +80,16 @@ pub struct OptimizerPage {
     history: Vec<(Action, bool)>,
 }
 
+/// The share of a GPU's compute booked over the 7 days: slice-seconds
+/// over the slices it has (4 on an A30 in MIG mode, else 7) for 7 days.
+fn booked_pct(g: &db::optimizer::GpuWeek) -> Option<f64> {
+    let slices = match crate::gpu::catalog::model(&g.model) {
+        Some(m) if g.mode == "mig" && m.compute_slices > 0 => f64::from(m.compute_slices),
+        _ => f64::from(crate::domain::booking::SLICES_PER_GPU),
+    };
+    Some(100.0 * g.booked_slice_secs / (slices * 7.0 * 86_400.0))
+}
+
 fn pct(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.0} %")).unwrap_or_else(|| "–".into())
 }
@@ -94,7 +104,14 @@ pub async fn page(
     session: Session,
     Admin(user): Admin,
 ) -> Result<OptimizerPage, AppError> {
-    let week = db::optimizer::gpu_week(&state.pool).await?;
+    let week: Vec<(db::optimizer::GpuWeek, Option<f64>)> = db::optimizer::gpu_week(&state.pool)
+        .await?
+        .into_iter()
+        .map(|g| {
+            let booked = booked_pct(&g);
+            (g, booked)
+        })
+        .collect();
     let waits: HashMap<String, (i64, f64)> = db::optimizer::queue_waits(&state.pool)
         .await?
         .into_iter()
@@ -102,8 +119,8 @@ pub async fn page(
         .collect();
     let gpus = week
         .iter()
-        .map(|g| {
-            let busy = g.mean_util.or(g.booked_pct);
+        .map(|(g, booked_pct)| {
+            let busy = g.mean_util.or(*booked_pct);
             let (class, advice) = advice(busy, g.mode == "mig", waits.get(&g.model).map(|w| w.1));
             GpuRow {
                 node: g.node.clone(),
@@ -111,25 +128,25 @@ pub async fn page(
                 model: g.model.clone(),
                 mode: g.mode.clone(),
                 util: pct(g.mean_util),
-                booked: pct(g.booked_pct),
+                booked: pct(*booked_pct),
                 class,
                 advice,
             }
         })
         .collect();
-    let mut by_model: BTreeMap<&str, Vec<&db::optimizer::GpuWeek>> = BTreeMap::new();
+    let mut by_model: BTreeMap<&str, Vec<&(db::optimizer::GpuWeek, Option<f64>)>> = BTreeMap::new();
     for g in &week {
-        by_model.entry(g.model.as_str()).or_default().push(g);
+        by_model.entry(g.0.model.as_str()).or_default().push(g);
     }
     let models = by_model
         .into_iter()
         .map(|(model, gs)| {
-            let util = mean(gs.iter().map(|g| g.mean_util));
-            let booked = mean(gs.iter().map(|g| g.booked_pct));
+            let util = mean(gs.iter().map(|g| g.0.mean_util));
+            let booked = mean(gs.iter().map(|g| g.1));
             let wait = waits.get(model);
             let (class, advice) = advice(
                 util.or(booked),
-                gs.iter().all(|g| g.mode == "mig"),
+                gs.iter().all(|g| g.0.mode == "mig"),
                 wait.map(|w| w.1),
             );
             ModelRow {
@@ -145,15 +162,7 @@ pub async fn page(
             }
         })
         .collect();
-    let mut history = Vec::new();
-    for a in db::optimizer::history(&state.pool, 200).await? {
-        let reversible = a.action == "priority_lowered"
-            && match a.booking_id {
-                Some(b) => db::optimizer::is_lowered(&state.pool, b).await?,
-                None => false,
-            };
-        history.push((a, reversible));
-    }
+    let history = db::optimizer::history(&state.pool, 200).await?;
     Ok(OptimizerPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
         gpus,

@@ -66,6 +66,7 @@ pub async fn sample_once(
     let gpus = db::telemetry::node_gpus(pool, node).await?;
     let held = db::telemetry::held_on(pool, node).await?;
     // Processes in each booking's cgroup (what `gpuslice exec` started).
+    let has_cgroups = cgroups.is_some();
     let pids: HashMap<i64, Vec<u32>> = held
         .iter()
         .map(|h| {
@@ -106,14 +107,12 @@ pub async fn sample_once(
                 bookings.push(BookingSample {
                     booking_id: h.id,
                     gpu_id: h.gpu_id,
-                    // Running work: processes on the MIG device, and any
-                    // process in the booking's cgroup (idle reclaim).
-                    processes: backend.processes(&h.device_uuid).ok().map(|ps| {
-                        let mut all: std::collections::HashSet<u32> =
-                            ps.iter().map(|p| p.pid).collect();
-                        all.extend(pids.get(&h.id).into_iter().flatten().copied());
-                        all.len() as i32
-                    }),
+                    // Running work: the processes NVML lists on the MIG
+                    // device (a shell idling in the booking is not work).
+                    processes: backend
+                        .processes(&h.device_uuid)
+                        .ok()
+                        .map(|ps| ps.len() as i32),
                     memory_used_mib: d.memory_used_mib as i64,
                     memory_limit_mib: if d.memory_total_mib > 0 {
                         d.memory_total_mib as i64
@@ -125,6 +124,7 @@ pub async fn sample_once(
             } else if h.device_uuid == h.gpu_uuid {
                 // A time-sliced share: its processes are those in its cgroup.
                 let mine = pids.get(&h.id).cloned().unwrap_or_default();
+                let attributable = has_cgroups;
                 let on_gpu: Option<Vec<_>> = backend
                     .processes(&h.gpu_uuid)
                     .ok()
@@ -159,8 +159,12 @@ pub async fn sample_once(
                     gpu_id: h.gpu_id,
                     memory_used_mib: used as i64,
                     memory_limit_mib: limit,
-                    utilization_pct,
-                    processes: on_gpu.map(|ps| ps.len().max(mine.len()) as i32),
+                    utilization_pct: utilization_pct.filter(|_| attributable),
+                    // Without cgroups a share's processes cannot be told
+                    // from its neighbours': unknown, never idle.
+                    processes: attributable
+                        .then(|| on_gpu.map(|ps| ps.len() as i32))
+                        .flatten(),
                 });
             }
         }

@@ -75,7 +75,9 @@ impl Booking {
         if !Status::FINAL.contains(&self.status) {
             return None;
         }
-        let peak = self.peak_memory_mib? as f64;
+        // No memory ever seen: nothing ran, or it could not be measured
+        // (a share on a node without cgroups); no advice either way.
+        let peak = self.peak_memory_mib.filter(|&m| m > 0)? as f64;
         let model = crate::gpu::catalog::model(self.model.as_deref()?)?;
         match self.kind {
             Kind::Mig => {
@@ -116,7 +118,10 @@ pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<
            LEFT JOIN LATERAL (
                SELECT max(memory_used_max) AS peak_memory_mib,
                       max(utilization_sum / NULLIF(utilization_n, 0)) AS busy_pct
-               FROM instance_rollups WHERE booking_id = b.id) r ON true
+               FROM instance_rollups
+               WHERE booking_id = b.id
+                 -- Advice is for ended bookings: skip the read for live ones.
+                 AND b.status IN ('released', 'expired', 'cancelled', 'failed')) r ON true
            JOIN tenants t ON t.id = b.tenant_id
            JOIN users u ON u.id = b.user_id
            LEFT JOIN gpus g ON g.id = b.gpu_id
@@ -382,7 +387,8 @@ pub async fn lock(
     Ok((r.status, r.ending_as))
 }
 
-/// A tenant's bookings that ended since `since` (for the rightsizing sum).
+/// A tenant's bookings that ran and ended (released or expired) since
+/// `since` (for the rightsizing sum).
 pub async fn ended_since(
     db: impl PgExecutor<'_> + Copy,
     tenant_id: i64,
@@ -393,7 +399,7 @@ pub async fn ended_since(
          WHERE tenant_id = $1 AND status = ANY($2) AND upper(during) >= $3
          ORDER BY id",
         tenant_id,
-        &status_names(Status::FINAL) as &[String],
+        &status_names([Status::Released, Status::Expired]) as &[String],
         since
     )
     .fetch_all(db)
