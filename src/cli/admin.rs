@@ -74,7 +74,7 @@ pub async fn tenant_add(pool: &PgPool, args: &TenantAddArgs) -> Result<i64> {
         json!({"name": name, "idle": idle}),
     )
     .await?;
-    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    db::tenants::set_idle_policy(&mut tx, id, &idle).await?;
     tx.commit().await?;
     Ok(id)
 }
@@ -103,7 +103,7 @@ pub async fn tenant_edit(pool: &PgPool, args: &TenantEditArgs) -> Result<IdlePol
     let before = db::tenants::idle_policy(pool, id).await?;
     let idle = idle_from_flags(before, &args.idle)?;
     let mut tx = pool.begin().await?;
-    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    db::tenants::set_idle_policy(&mut tx, id, &idle).await?;
     db::audit::record(
         &mut *tx,
         &Actor::cli(),

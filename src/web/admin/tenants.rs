@@ -329,7 +329,7 @@ pub async fn create_tenant(
         }
         Err(e) => return Err(e.into()),
     };
-    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    db::tenants::set_idle_policy(&mut tx, id, &idle).await?;
     db::audit::record(
         &mut *tx,
         &user.actor(),
@@ -398,7 +398,7 @@ pub async fn update_tenant(
     let mut tx = state.pool.begin().await?;
     let before = db::tenants::get_for_update(&mut tx, id).await?;
     db::tenants::update(&mut tx, id, &name, &quota).await?;
-    db::tenants::set_idle_policy(&mut *tx, id, &idle).await?;
+    db::tenants::set_idle_policy(&mut tx, id, &idle).await?;
     db::audit::record(
         &mut *tx,
         &user.actor(),
