@@ -32,7 +32,7 @@ pub fn advice(busy: Option<f64>, mig: bool, wait_min: Option<f64>) -> (&'static 
     match busy {
         None => ("", "no measurements in the last 7 days".into()),
         Some(b) if b < LOW_PCT => (
-            "warn",
+            "sev-warning",
             if mig {
                 format!("{b:.0} % busy: consolidate bookings onto fewer GPUs, or give this one the layout (or time-slice mode) that tenants ask for")
             } else {
@@ -40,7 +40,7 @@ pub fn advice(busy: Option<f64>, mig: bool, wait_min: Option<f64>) -> (&'static 
             },
         ),
         Some(b) if b > HIGH_PCT => (
-            "bad",
+            "sev-critical",
             match wait_min {
                 Some(w) => format!("{b:.0} % busy: capacity is short; queued bookings waited {w:.0} min on average"),
                 None => format!("{b:.0} % busy: capacity is short"),
@@ -222,11 +222,11 @@ mod tests {
 
     #[test]
     fn advice_follows_the_60_and_90_percent_marks() {
-        assert_eq!(advice(Some(30.0), true, None).0, "warn");
+        assert_eq!(advice(Some(30.0), true, None).0, "sev-warning");
         assert!(advice(Some(30.0), true, None).1.contains("consolidate"));
         assert_eq!(advice(Some(75.0), false, None).0, "ok");
         let (class, text) = advice(Some(95.0), true, Some(42.0));
-        assert_eq!(class, "bad");
+        assert_eq!(class, "sev-critical");
         assert!(text.contains("waited 42 min"), "{text}");
         assert_eq!(advice(None, true, None).0, "");
     }
