@@ -175,11 +175,30 @@ async fn exec_runs_in_the_booking_and_refuses_strangers() {
         let out = node.exec(Some(1), id, "exit 0");
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
+        // A stranger is told nothing about whose booking it is.
         assert!(
-            err.contains("belongs to ana@uni.edu, not to your Unix account"),
+            err.contains(&format!(
+                "there is no booking {id} that your Unix account (uid 1)"
+            )),
             "{err}"
         );
+        assert!(!err.contains('@'), "no e-mail address in a refusal: {err}");
     }
+    // A disabled owner's booking runs nothing.
+    sqlx::query("UPDATE users SET disabled = true WHERE email = 'ana@uni.edu'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let out = node.exec(None, id, "true");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("owner account is disabled"),
+        "{out:?}"
+    );
+    sqlx::query("UPDATE users SET disabled = false WHERE email = 'ana@uni.edu'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
     // Released: exec says so.
     booking::release(&app.pool, &who, id, None, None)
         .await

@@ -127,14 +127,37 @@ async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Res
 }
 
 async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Option<i32>) -> Reply {
+    // A stranger learns nothing about other people's bookings: a booking
+    // that does not exist and one that is not theirs get the same answer.
+    let not_yours = || {
+        refuse(format!(
+            "there is no booking {booking} that your Unix account (uid {uid}) may run in; \
+             an admin links accounts to people on the user's page"
+        ))
+    };
     let target = match db::bookings::exec_target(pool, booking).await {
         Ok(Some(t)) => t,
-        Ok(None) => return refuse(format!("there is no booking {booking}")),
+        Ok(None) => return not_yours(),
         Err(e) => {
             tracing::warn!(error = %e, "exec: database error");
             return refuse("the worker cannot reach its database; try again in a moment");
         }
     };
+    if uid != 0 {
+        let owner_uid = target
+            .owner_unix_user
+            .as_deref()
+            .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
+            .map(|u| u.uid.as_raw());
+        if owner_uid != Some(uid) {
+            return not_yours();
+        }
+    }
+    if target.owner_disabled {
+        return refuse(format!(
+            "booking {booking}'s owner account is disabled; it cannot run anything"
+        ));
+    }
     let Some(node) = target.node.as_deref().filter(|n| nodes.contains_key(*n)) else {
         return refuse(format!(
             "booking {booking} is not on this node{}",
@@ -145,19 +168,6 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
                 .unwrap_or_default()
         ));
     };
-    if uid != 0 {
-        let owner_uid = target
-            .owner_unix_user
-            .as_deref()
-            .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
-            .map(|u| u.uid.as_raw());
-        if owner_uid != Some(uid) {
-            return refuse(format!(
-                "booking {booking} belongs to {}, not to your Unix account (uid {uid}); an admin links accounts on the user's page",
-                target.owner_email
-            ));
-        }
-    }
     if target.status != Status::Active {
         return refuse(format!(
             "booking {booking} is {}, not active: nothing to run on yet",

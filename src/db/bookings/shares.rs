@@ -17,13 +17,14 @@ pub struct ExecTarget {
     pub node: Option<String>,
     pub owner_email: String,
     pub owner_unix_user: Option<String>,
+    pub owner_disabled: bool,
 }
 
 pub async fn exec_target(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<ExecTarget>> {
     sqlx::query_as!(
         ExecTarget,
         r#"SELECT b.id, b.status AS "status: Status", b.kind AS "kind: Kind", b.device_uuid, n.name AS "node?",
-                  u.email AS owner_email, u.unix_user AS owner_unix_user
+                  u.email AS owner_email, u.unix_user AS owner_unix_user, u.disabled AS owner_disabled
            FROM bookings b JOIN users u ON u.id = b.user_id
            LEFT JOIN gpus g ON g.id = b.gpu_id LEFT JOIN nodes n ON n.id = g.node_id
            WHERE b.id = $1"#,
