@@ -136,6 +136,7 @@ impl Node {
                 name.to_string(),
                 backend.clone(),
                 l.clone(),
+                settings.worker.limits(),
                 settings.share_memory_grace,
             )));
         }
@@ -238,7 +239,10 @@ pub fn start_workers(
     let mut exec_nodes = HashMap::new();
     for p in planned {
         let node = Node::start(pool, &p.name, p.backend, p.max_shares, &settings);
-        exec_nodes.insert(node.name.clone(), node.cgroups.clone());
+        exec_nodes.insert(
+            node.name.clone(),
+            node.cgroups.clone().map(|l| (l, settings.worker.limits())),
+        );
         tasks.extend(node.tasks);
     }
     // Queued bookings wait for capacity anywhere, so one planner serves

@@ -88,6 +88,20 @@ impl Layout {
 
     /// Creates a booking's group with an optional memory limit (bytes) and
     /// CPU list (`0-3`).
+    /// Creates a booking's group with the node's limits for it (host memory
+    /// in proportion to its compute slices, the node's CPUs): the worker at
+    /// activation, and `exec` and the share supervisor when the group went
+    /// missing (a reboot), so it never comes back bare.
+    pub fn create_for(
+        &self,
+        booking: i64,
+        compute_slices: i32,
+        limits: &Limits,
+    ) -> std::io::Result<Group> {
+        let memory = limits.host_memory_gib_per_slice * compute_slices.max(1) as u64 * (1 << 30);
+        self.create(booking, Some(memory), limits.cpus.as_deref())
+    }
+
     pub fn create(
         &self,
         booking: i64,
@@ -373,5 +387,23 @@ impl Group {
             }
         }
         Ok(())
+    }
+}
+
+/// What a booking's group is created with (the node's settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Host memory per compute slice, GiB.
+    pub host_memory_gib_per_slice: u64,
+    /// The CPUs of bookings (`0-15`); `None`: all.
+    pub cpus: Option<String>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            host_memory_gib_per_slice: 16,
+            cpus: None,
+        }
     }
 }

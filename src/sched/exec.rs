@@ -16,7 +16,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use crate::db;
 use crate::domain::booking::Status;
-use crate::sched::cgroup::Layout;
+use crate::sched::cgroup::{Layout, Limits};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Request {
@@ -45,8 +45,9 @@ fn refuse(msg: impl Into<String>) -> Reply {
     }
 }
 
-/// The nodes this process runs, with their cgroup layouts.
-pub type Nodes = HashMap<String, Option<Layout>>;
+/// The nodes this process runs, with their cgroup layouts and the limits
+/// a booking's group is created with.
+pub type Nodes = HashMap<String, Option<(Layout, Limits)>>;
 
 /// Serves the socket at `path` until the task is dropped.
 pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
@@ -181,13 +182,14 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
         return refuse("cannot tell which process is calling");
     };
     let isolated = match nodes.get(node).cloned().flatten() {
-        Some(layout) => {
+        Some((layout, limits)) => {
             let g = layout.group(booking);
             let added = if g.exists() {
                 g.add(pid as u32)
             } else {
+                // Gone (a reboot): made again with its limits, not bare.
                 layout
-                    .create(booking, None, None)
+                    .create_for(booking, target.compute_slices, &limits)
                     .and_then(|g| g.add(pid as u32))
             };
             match added {

@@ -136,6 +136,7 @@ pub async fn run(
     node: String,
     backend: Arc<dyn GpuBackend>,
     layout: Layout,
+    limits: crate::sched::cgroup::Limits,
     memory_grace: Duration,
 ) {
     let mut threads: HashMap<String, GpuThread> = HashMap::new();
@@ -157,7 +158,7 @@ pub async fn run(
         for s in &shares {
             let group = layout.group(s.id);
             if !group.exists() {
-                if let Err(e) = layout.create(s.id, None, None) {
+                if let Err(e) = layout.create_for(s.id, s.compute_slices, &limits) {
                     tracing::warn!(booking = s.id, error = %e, "cannot create the share's cgroup");
                     continue;
                 }

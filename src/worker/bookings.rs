@@ -46,6 +46,16 @@ pub struct Settings {
     pub cpus: Option<String>,
 }
 
+impl Settings {
+    /// The limits a booking's cgroup is created with.
+    pub fn limits(&self) -> crate::sched::cgroup::Limits {
+        crate::sched::cgroup::Limits {
+            host_memory_gib_per_slice: self.host_memory_gib_per_slice,
+            cpus: self.cpus.clone(),
+        }
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -274,8 +284,7 @@ async fn provision(
     if let Some(l) = &settings.cgroups {
         // The booking's processes join this group through `gpuslice exec`:
         // host memory in proportion to its compute slices, the node's CPUs.
-        let limit = settings.host_memory_gib_per_slice * b.compute_slices.max(1) as u64 * (1 << 30);
-        l.create(id, Some(limit), settings.cpus.as_deref())?;
+        l.create_for(id, b.compute_slices, &settings.limits())?;
     }
     let mut tx = pool.begin().await?;
     db::bookings::activate(&mut tx, id, &device, &actor(node), how).await?;
