@@ -74,6 +74,8 @@ pub struct Node {
     pub name: String,
     /// Where its bookings' cgroups live; `None`: no isolation.
     pub cgroups: Option<Layout>,
+    /// What its booking groups are made with (device numbering included).
+    pub limits: crate::sched::cgroup::Limits,
     pub tasks: Vec<JoinHandle<()>>,
 }
 
@@ -97,6 +99,10 @@ impl Node {
         };
         let mut worker = settings.worker.clone();
         worker.cgroups = cgroups.clone();
+        // Groups are confined to their booking's device files wherever
+        // the node's device numbering is known.
+        worker.devices = cgroups.as_ref().and_then(|_| backend.node_devices());
+        let worker_limits = worker.limits();
         let mut tasks = vec![
             tokio::spawn(crate::worker::run_inventory(
                 pool.clone(),
@@ -136,13 +142,14 @@ impl Node {
                 name.to_string(),
                 backend.clone(),
                 l.clone(),
-                settings.worker.limits(),
+                worker_limits.clone(),
                 settings.share_memory_grace,
             )));
         }
         Node {
             name: name.to_string(),
             cgroups,
+            limits: worker_limits,
             tasks,
         }
     }
@@ -241,7 +248,7 @@ pub fn start_workers(
         let node = Node::start(pool, &p.name, p.backend, p.max_shares, &settings);
         exec_nodes.insert(
             node.name.clone(),
-            node.cgroups.clone().map(|l| (l, settings.worker.limits())),
+            node.cgroups.clone().map(|l| (l, node.limits.clone())),
         );
         tasks.extend(node.tasks);
     }

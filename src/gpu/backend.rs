@@ -214,6 +214,23 @@ pub trait GpuBackend: Send + Sync {
     /// here, so that its load follows them.
     fn observe_processes(&self, _by_device: &std::collections::HashMap<String, Vec<u32>>) {}
 
+    /// The node's NVIDIA device numbering, for confining bookings to their
+    /// device files; `None` where it is unknown (no driver loaded).
+    fn node_devices(&self) -> Option<crate::sched::devices::NodeDevices> {
+        None
+    }
+
+    /// The device files a process using `device_uuid` (a GPU, or a MIG
+    /// device) opens: control, UVM, its GPU and, for MIG, its GPU-instance
+    /// and compute-instance capabilities. Empty where the numbering is
+    /// unknown.
+    fn device_nodes(
+        &self,
+        _device_uuid: &str,
+    ) -> Result<Vec<crate::sched::devices::DeviceNode>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// Switches an empty GPU's MIG mode on an admin's request. The change
     /// may stay pending until the GPU is reset (`GpuInfo::mig_pending`).
     fn switch_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError>;

@@ -38,6 +38,8 @@ pub struct NvmlBackend {
     /// The event set (XID and double-bit ECC errors of the managed GPUs),
     /// made at the first [`GpuBackend::wait_events`]; the raw handle.
     events: std::sync::Mutex<Option<usize>>,
+    /// The node's NVIDIA device numbering (`/proc/devices`, `mig-minors`).
+    devices: Option<crate::sched::devices::NodeDevices>,
 }
 
 impl Drop for NvmlBackend {
@@ -127,7 +129,15 @@ impl NvmlBackend {
             managed,
             allow_mode_change,
             events: std::sync::Mutex::new(None),
+            devices: crate::sched::devices::NodeDevices::detect(),
         })
+    }
+
+    /// Uses `devices` as the node's device numbering (tests of the
+    /// stand-in library, which has no driver behind it).
+    pub fn with_devices(mut self, devices: crate::sched::devices::NodeDevices) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     fn raw<'a, F>(
@@ -560,6 +570,69 @@ impl GpuBackend for NvmlBackend {
         // SAFETY: `gi` came from NVML for this GPU.
         self.check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })?;
         Ok(holders)
+    }
+
+    fn node_devices(&self) -> Option<crate::sched::devices::NodeDevices> {
+        self.devices.clone()
+    }
+
+    fn device_nodes(
+        &self,
+        device_uuid: &str,
+    ) -> Result<Vec<crate::sched::devices::DeviceNode>, BackendError> {
+        let Some(nd) = &self.devices else {
+            return Ok(Vec::new());
+        };
+        let lib = self.nvml.lib();
+        let is_mig = self.raw(
+            "nvmlDeviceIsMigDeviceHandle",
+            &lib.nvmlDeviceIsMigDeviceHandle,
+        )?;
+        let parent_of = self.raw(
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+            &lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
+        )?;
+        let gi_id = self.raw(
+            "nvmlDeviceGetGpuInstanceId",
+            &lib.nvmlDeviceGetGpuInstanceId,
+        )?;
+        let ci_id = self.raw(
+            "nvmlDeviceGetComputeInstanceId",
+            &lib.nvmlDeviceGetComputeInstanceId,
+        )?;
+        let minor_of = self.raw("nvmlDeviceGetMinorNumber", &lib.nvmlDeviceGetMinorNumber)?;
+        let d = self
+            .nvml
+            .device_by_uuid(device_uuid)
+            .map_err(|_| BackendError::NoSuchDevice(device_uuid.to_string()))?;
+        // SAFETY: the handle came from NVML; every out-pointer is a live
+        // local of the type the prototype names.
+        let (minor, mig) = unsafe {
+            let dev = d.handle();
+            let mut mig: c_uint = 0;
+            self.check("nvmlDeviceIsMigDeviceHandle", is_mig(dev, &mut mig))?;
+            let (gpu, ids) = if mig == 1 {
+                let mut parent: sys::nvmlDevice_t = ptr::null_mut();
+                self.check(
+                    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+                    parent_of(dev, &mut parent),
+                )?;
+                let (mut g, mut c) = (0, 0);
+                self.check("nvmlDeviceGetGpuInstanceId", gi_id(dev, &mut g))?;
+                self.check("nvmlDeviceGetComputeInstanceId", ci_id(dev, &mut c))?;
+                (parent, Some((g, c)))
+            } else {
+                (dev, None)
+            };
+            let mut minor: c_uint = 0;
+            self.check("nvmlDeviceGetMinorNumber", minor_of(gpu, &mut minor))?;
+            (minor, ids)
+        };
+        nd.for_device(minor, mig).ok_or_else(|| {
+            BackendError::Driver(format!(
+                "{device_uuid}: its capability device files are not listed in /proc/driver/nvidia-caps/mig-minors"
+            ))
+        })
     }
 
     fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {

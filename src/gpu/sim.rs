@@ -191,6 +191,9 @@ pub struct SimBackend {
     state: Mutex<State>,
     path: Option<PathBuf>,
     faults: Mutex<Faults>,
+    /// Its device files under `<state dir>/dev/<node>/` (a node with a
+    /// state directory).
+    devices: Option<crate::sched::devices::NodeDevices>,
 }
 
 /// The hardware keeps what it had, for the GPUs that still exist with the
@@ -266,10 +269,14 @@ impl SimBackend {
             })?;
             merge(&mut gpus, &saved);
         }
+        let devices = state_dir.and_then(|d| {
+            crate::sched::devices::sim::prepare(&d.join("dev"), node, gpus.len() as u32)
+        });
         Ok(SimBackend {
             node: node.to_string(),
             state: Mutex::new(State { gpus }),
             path,
+            devices,
             faults: Mutex::new(Faults {
                 crash_at: std::env::var("GPUSLICE_SIM_CRASH")
                     .ok()
@@ -715,6 +722,39 @@ impl GpuBackend for SimBackend {
                 }
             }
             Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+        })
+    }
+
+    fn node_devices(&self) -> Option<crate::sched::devices::NodeDevices> {
+        self.devices.clone()
+    }
+
+    fn device_nodes(
+        &self,
+        device_uuid: &str,
+    ) -> Result<Vec<crate::sched::devices::DeviceNode>, BackendError> {
+        let Some(nd) = &self.devices else {
+            return Ok(Vec::new());
+        };
+        let (index, mig) = self.access(false, |state| {
+            for g in &state.gpus {
+                if g.uuid == device_uuid {
+                    return Ok((g.index, None));
+                }
+                if let Some(i) = g
+                    .instances
+                    .iter()
+                    .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
+                {
+                    return Ok((g.index, Some((i.gi_id, i.ci_id.unwrap_or(0)))));
+                }
+            }
+            Err(BackendError::NoSuchDevice(device_uuid.to_string()))
+        })?;
+        nd.for_device(index, mig).ok_or_else(|| {
+            BackendError::Driver(format!(
+                "no capability device files for GPU {index} instance {mig:?}"
+            ))
         })
     }
 

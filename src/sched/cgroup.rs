@@ -18,6 +18,9 @@ pub enum Layout {
         memory: Option<PathBuf>,
         cpuacct: Option<PathBuf>,
         cpuset: Option<PathBuf>,
+        /// The v1 `devices` controller, which confines the booking to its
+        /// device nodes (see [`crate::sched::devices`]).
+        devices: Option<PathBuf>,
         /// A hybrid host's v2 mount (`unified`): when present, freezing uses
         /// its `cgroup.freeze`, which settles faster than the v1 freezer.
         unified: Option<PathBuf>,
@@ -44,6 +47,7 @@ impl Layout {
             memory: v1("memory"),
             cpuacct: v1("cpuacct"),
             cpuset: v1("cpuset"),
+            devices: v1("devices"),
             unified: unified
                 .join("cgroup.procs")
                 .is_file()
@@ -67,11 +71,13 @@ impl Layout {
                 memory,
                 cpuacct,
                 cpuset,
+                devices,
                 unified,
             } => std::iter::once(freezer.clone())
                 .chain(memory.clone())
                 .chain(cpuacct.clone())
                 .chain(cpuset.clone())
+                .chain(devices.clone())
                 .chain(unified.clone())
                 .collect(),
         }
@@ -86,22 +92,37 @@ impl Layout {
         }
     }
 
-    /// Creates a booking's group with an optional memory limit (bytes) and
-    /// CPU list (`0-3`).
     /// Creates a booking's group with the node's limits for it (host memory
     /// in proportion to its compute slices, the node's CPUs): the worker at
     /// activation, and `exec` and the share supervisor when the group went
     /// missing (a reboot), so it never comes back bare.
+    ///
+    /// On a node with NVIDIA device numbering (`limits.devices`), the group
+    /// is confined to `device_nodes`, the booking's own device files; an
+    /// error when it cannot be (the booking must not run unconfined).
     pub fn create_for(
         &self,
         booking: i64,
         compute_slices: i32,
         limits: &Limits,
+        device_nodes: &[crate::sched::devices::DeviceNode],
     ) -> std::io::Result<Group> {
         let memory = limits.host_memory_gib_per_slice * compute_slices.max(1) as u64 * (1 << 30);
-        self.create(booking, Some(memory), limits.cpus.as_deref())
+        let g = self.create(booking, Some(memory), limits.cpus.as_deref())?;
+        if let Some(devices) = &limits.devices {
+            g.restrict_devices(&devices.policy(device_nodes))
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot confine booking {booking} to its devices: {e}"),
+                    )
+                })?;
+        }
+        Ok(g)
     }
 
+    /// Creates a booking's group with an optional memory limit (bytes) and
+    /// CPU list (`0-3`).
     pub fn create(
         &self,
         booking: i64,
@@ -129,12 +150,14 @@ impl Layout {
                 memory,
                 cpuacct,
                 cpuset,
+                devices,
                 unified,
             } => {
                 for root in [
                     Some(freezer),
                     memory.as_ref(),
                     cpuacct.as_ref(),
+                    devices.as_ref(),
                     unified.as_ref(),
                 ]
                 .into_iter()
@@ -189,6 +212,17 @@ impl Layout {
             .collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Moves a process out of every booking group, back to the top of
+    /// each hierarchy.
+    pub fn release(&self, pid: u32) -> std::io::Result<()> {
+        for root in self.roots() {
+            if let Some(top) = root.parent() {
+                std::fs::write(top.join("cgroup.procs"), pid.to_string())?;
+            }
+        }
+        Ok(())
     }
 
     /// Removes the (empty) prefix directories; groups inside stay.
@@ -252,6 +286,38 @@ impl Group {
 
     pub fn exists(&self) -> bool {
         self.freezer_dir().is_dir()
+    }
+
+    /// Confines the group's processes to `policy`'s devices: the v1
+    /// `devices` controller where the host has it, else a BPF device
+    /// program on the v2 group (pure v2, or a hybrid's unified mount).
+    pub fn restrict_devices(
+        &self,
+        policy: &crate::sched::devices::DevicePolicy,
+    ) -> std::io::Result<crate::sched::devices::Mechanism> {
+        use crate::sched::devices::{apply_v1, apply_v2, Mechanism};
+        match &self.layout {
+            Layout::V2 { dir } => apply_v2(&dir.join(&self.name), policy).map(|_| Mechanism::V2Bpf),
+            Layout::V1 {
+                devices: Some(d), ..
+            } => apply_v1(&d.join(&self.name), policy).map(|_| Mechanism::V1Devices),
+            Layout::V1 {
+                unified: Some(u), ..
+            } => apply_v2(&u.join(&self.name), policy).map(|_| Mechanism::V2Bpf),
+            Layout::V1 { .. } => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "this host has neither the v1 devices controller nor a v2 hierarchy",
+            )),
+        }
+    }
+
+    /// The v2 directory of the group, where there is one (for a BPF
+    /// device program).
+    pub fn v2_dir(&self) -> Option<PathBuf> {
+        match &self.layout {
+            Layout::V2 { dir } => Some(dir.join(&self.name)),
+            Layout::V1 { unified, .. } => unified.as_ref().map(|u| u.join(&self.name)),
+        }
     }
 
     /// Moves a process (and so its future children) into the group.
@@ -397,6 +463,9 @@ pub struct Limits {
     pub host_memory_gib_per_slice: u64,
     /// The CPUs of bookings (`0-15`); `None`: all.
     pub cpus: Option<String>,
+    /// The node's NVIDIA device numbering: groups are confined to their
+    /// booking's device files. `None`: no driver known, no confinement.
+    pub devices: Option<crate::sched::devices::NodeDevices>,
 }
 
 impl Default for Limits {
@@ -404,6 +473,7 @@ impl Default for Limits {
         Limits {
             host_memory_gib_per_slice: 16,
             cpus: None,
+            devices: None,
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct Reply {
     pub isolated: bool,
     #[serde(default)]
     pub error: Option<String>,
+    /// The device files the process may open (its cgroup denies NVIDIA's
+    /// others), where the node confines bookings.
+    #[serde(default)]
+    pub device_nodes: Vec<crate::sched::devices::DeviceNode>,
 }
 
 fn refuse(msg: impl Into<String>) -> Reply {
@@ -42,6 +46,7 @@ fn refuse(msg: impl Into<String>) -> Reply {
         device: None,
         isolated: false,
         error: Some(msg.into()),
+        device_nodes: Vec::new(),
     }
 }
 
@@ -51,6 +56,8 @@ pub type Nodes = HashMap<String, Option<(Layout, Limits)>>;
 
 /// Serves the socket at `path` until the task is dropped.
 pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
+    // unlink and bind never follow a symlink at the path; the mode is set
+    // on what bind made, never through a link planted after it.
     let _ = std::fs::remove_file(&path);
     let listener = match UnixListener::bind(&path) {
         Ok(l) => l,
@@ -60,8 +67,9 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
         }
     };
     // Anyone on the node may connect; who they are decides what they get.
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666));
+    if let Err(e) = open_to_all(&path) {
+        tracing::error!(socket = %path.display(), error = %e, "cannot open the exec socket to the node's users");
+    }
     tracing::info!(socket = %path.display(), "exec socket ready");
     // Connections served at once: a local user cannot take every file
     // descriptor of the worker.
@@ -85,6 +93,139 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
     }
 }
 
+/// Makes the socket at `path` connectable by everyone (mode 0666) without
+/// following a symlink: the file is opened with `O_PATH | O_NOFOLLOW`,
+/// checked to be a socket, and changed through its descriptor.
+fn open_to_all(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::other("the path is no longer the socket"));
+    }
+    use std::os::fd::AsRawFd;
+    // chmod through /proc reaches the file the descriptor holds (an
+    // O_PATH descriptor takes no fchmod), as glibc's fchmodat does.
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", f.as_raw_fd()),
+        std::fs::Permissions::from_mode(0o666),
+    )
+}
+
+/// The calling process, held as its connection reported it: a pidfd
+/// (SO_PEERPIDFD, Linux 6.5+), which names that process and no other
+/// even once its pid is reused; else its pid with the start time it must
+/// not be later than.
+struct Caller {
+    uid: u32,
+    pid: i32,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    /// Clock ticks since boot when the connection was accepted.
+    accepted_ticks: u64,
+}
+
+const SO_PEERPIDFD: libc::c_int = 77;
+
+impl Caller {
+    fn of(stream: &UnixStream) -> std::io::Result<Caller> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let cred = stream.peer_cred()?;
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` and `len` are live locals of the sizes the option
+        // uses; the socket descriptor is open for the call.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        let pidfd = (rc == 0 && fd >= 0).then(|| {
+            // SAFETY: the kernel just opened this descriptor for us.
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+        });
+        Ok(Caller {
+            uid: cred.uid(),
+            pid: cred.pid().unwrap_or(0),
+            pidfd,
+            accepted_ticks: boot_ticks(),
+        })
+    }
+
+    /// Whether the pid still names the process that connected.
+    fn still_there(&self) -> bool {
+        if self.pid <= 0 {
+            return false;
+        }
+        match &self.pidfd {
+            Some(fd) => {
+                use std::os::fd::AsRawFd;
+                // SAFETY: signal 0 through a pidfd we own: a liveness check.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd.as_raw_fd(),
+                        0,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    )
+                };
+                rc == 0 && !is_zombie(self.pid)
+            }
+            None => {
+                // Without a pidfd: the pid's process must belong to the
+                // caller and have started before the connection.
+                let Some((uid, start)) = proc_uid_and_start(self.pid) else {
+                    return false;
+                };
+                uid == self.uid && start <= self.accepted_ticks && !is_zombie(self.pid)
+            }
+        }
+    }
+}
+
+/// Clock ticks since boot (the unit of `/proc/PID/stat`'s start time).
+fn boot_ticks() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ts.tv_sec as u64 * hz + (ts.tv_nsec as u64 * hz) / 1_000_000_000 + 1
+}
+
+/// A process's real uid and start time (clock ticks since boot).
+fn proc_uid_and_start(pid: i32) -> Option<(u32, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces and parens).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some((uid, start))
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// Connections the socket serves at once.
 const MAX_CONNECTIONS: usize = 64;
 /// Longest request line read from the socket (a request is ~20 bytes).
@@ -104,7 +245,7 @@ pub fn parse_request(line: &[u8]) -> Option<Request> {
 
 async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Result<()> {
     use tokio::io::AsyncReadExt;
-    let cred = stream.peer_cred()?;
+    let caller = Caller::of(&stream)?;
     let (read, mut write) = stream.into_split();
     // Any local user can connect: read one bounded line, in bounded time.
     let mut line = Vec::new();
@@ -116,7 +257,7 @@ async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Res
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Some(req) => decide(pool, nodes, req.booking, cred.uid(), cred.pid()).await,
+                Some(req) => decide(pool, nodes, req.booking, &caller).await,
                 None => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
             }
         }
@@ -127,7 +268,8 @@ async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Res
     Ok(())
 }
 
-async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Option<i32>) -> Reply {
+async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> Reply {
+    let uid = caller.uid;
     // A stranger learns nothing about other people's bookings: a booking
     // that does not exist and one that is not theirs get the same answer.
     let not_yours = || {
@@ -178,9 +320,17 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
     let Some(device) = target.device_uuid else {
         return refuse(format!("booking {booking} has no device yet"));
     };
-    let Some(pid) = pid.filter(|p| *p > 0) else {
+    if caller.pid <= 0 {
         return refuse("cannot tell which process is calling");
-    };
+    }
+    // The process that connected must still be the one the pid names:
+    // a caller that handed its socket on and exited would otherwise get a
+    // stranger's process (which reused the pid) moved into the booking.
+    if !caller.still_there() {
+        return refuse("the process that connected has exited; run gpuslice exec itself, do not pass its socket on");
+    }
+    let pid = caller.pid;
+    let nodes_of = crate::sched::devices::from_json(target.device_nodes.as_ref());
     let isolated = match nodes.get(node).cloned().flatten() {
         Some((layout, limits)) => {
             let g = layout.group(booking);
@@ -189,9 +339,15 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
             } else {
                 // Gone (a reboot): made again with its limits, not bare.
                 layout
-                    .create_for(booking, target.compute_slices, &limits)
+                    .create_for(booking, target.compute_slices, &limits, &nodes_of)
                     .and_then(|g| g.add(pid as u32))
             };
+            // Checked again after the move: had the caller gone in between,
+            // the move is undone (its pid may name someone else by now).
+            if added.is_ok() && !caller.still_there() {
+                let _ = layout.release(pid as u32);
+                return refuse("the process that connected has exited");
+            }
             match added {
                 Ok(()) => true,
                 Err(e) => return refuse(format!("cannot join booking {booking}'s cgroup: {e}")),
@@ -204,6 +360,7 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, uid: u32, pid: Optio
         device: Some(device),
         isolated,
         error: None,
+        device_nodes: if isolated { nodes_of } else { Vec::new() },
     }
 }
 

@@ -158,7 +158,8 @@ pub async fn run(
         for s in &shares {
             let group = layout.group(s.id);
             if !group.exists() {
-                if let Err(e) = layout.create_for(s.id, s.compute_slices, &limits) {
+                let nodes = crate::sched::devices::from_json(s.device_nodes.as_ref());
+                if let Err(e) = layout.create_for(s.id, s.compute_slices, &limits, &nodes) {
                     tracing::warn!(booking = s.id, error = %e, "cannot create the share's cgroup");
                     continue;
                 }

@@ -455,6 +455,17 @@ impl Detail {
         self.b.device_uuid.as_deref().unwrap_or("")
     }
 
+    /// The device files its processes may open, while active.
+    pub fn device_nodes(&self) -> Vec<String> {
+        if self.b.status != Status::Active {
+            return Vec::new();
+        }
+        crate::sched::devices::from_json(self.b.device_nodes.as_ref())
+            .into_iter()
+            .map(|d| d.path)
+            .collect()
+    }
+
     /// The profile or share, in words.
     pub fn what(&self) -> String {
         match &self.b.profile {

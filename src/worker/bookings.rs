@@ -44,6 +44,9 @@ pub struct Settings {
     pub host_memory_gib_per_slice: u64,
     /// CPUs a booking's processes may use (`0-7`); `None`: all.
     pub cpus: Option<String>,
+    /// The node's NVIDIA device numbering: booking groups are confined
+    /// to their device files (set with the cgroups at start).
+    pub devices: Option<crate::sched::devices::NodeDevices>,
 }
 
 impl Settings {
@@ -52,6 +55,7 @@ impl Settings {
         crate::sched::cgroup::Limits {
             host_memory_gib_per_slice: self.host_memory_gib_per_slice,
             cpus: self.cpus.clone(),
+            devices: self.devices.clone(),
         }
     }
 }
@@ -68,6 +72,7 @@ impl Default for Settings {
             cgroups: None,
             host_memory_gib_per_slice: 16,
             cpus: None,
+            devices: None,
         }
     }
 }
@@ -258,9 +263,9 @@ async fn provision(
             // A crash after the create left it there: adopt it.
             Some(uuid) => (uuid, "device ready (adopted after a restart)"),
             None => {
-                let g = gpu.clone();
+                let (g, be) = (gpu.clone(), backend.clone());
                 let created =
-                    blocking(move || backend.create_instance(&g, profile_id, placement)).await?;
+                    blocking(move || be.create_instance(&g, profile_id, placement)).await?;
                 match created {
                     Ok(i) => (
                         i.device_uuid
@@ -281,13 +286,17 @@ async fn provision(
         // node's scheduler.
         (gpu, "share registered on the GPU")
     };
+    // The device files its processes may open.
+    let (d2, be) = (device.clone(), backend.clone());
+    let nodes = blocking(move || be.device_nodes(&d2)).await??;
     if let Some(l) = &settings.cgroups {
         // The booking's processes join this group through `gpuslice exec`:
-        // host memory in proportion to its compute slices, the node's CPUs.
-        l.create_for(id, b.compute_slices, &settings.limits())?;
+        // host memory in proportion to its compute slices, the node's CPUs,
+        // its own device files and no others.
+        l.create_for(id, b.compute_slices, &settings.limits(), &nodes)?;
     }
     let mut tx = pool.begin().await?;
-    db::bookings::activate(&mut tx, id, &device, &actor(node), how).await?;
+    db::bookings::activate(&mut tx, id, &device, &nodes, &actor(node), how).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -451,7 +460,17 @@ pub async fn reconcile(
             match made {
                 Ok(inst) => {
                     let device = inst.device_uuid.unwrap_or_default();
-                    db::bookings::set_device(&mut *tx, *id, &device).await?;
+                    // A new instance may have new capability files: the
+                    // booking's group is confined to them again.
+                    let (d2, be) = (device.clone(), backend.clone());
+                    let nodes = blocking(move || be.device_nodes(&d2)).await??;
+                    if let (Some(l), Some(nd)) = (&settings.cgroups, &settings.devices) {
+                        let g = l.group(*id);
+                        if g.exists() {
+                            g.restrict_devices(&nd.policy(&nodes))?;
+                        }
+                    }
+                    db::bookings::set_device(&mut *tx, *id, &device, &nodes).await?;
                     db::bookings::note(
                         &mut *tx,
                         *id,

@@ -109,15 +109,17 @@ pub async fn activate(
     tx: &mut Transaction<'_, Postgres>,
     id: i64,
     device_uuid: &str,
+    device_nodes: &[crate::sched::devices::DeviceNode],
     actor: &str,
     reason: &str,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE bookings SET status = 'active', device_uuid = $2, reason = NULL, updated_at = now(),
-                             lease_owner = NULL, lease_until = NULL, attempts = 0
+        "UPDATE bookings SET status = 'active', device_uuid = $2, device_nodes = $3, reason = NULL,
+                             updated_at = now(), lease_owner = NULL, lease_until = NULL, attempts = 0
          WHERE id = $1 AND status = 'provisioning'",
         id,
-        device_uuid
+        device_uuid,
+        crate::sched::devices::to_json(device_nodes)
     )
     .execute(&mut **tx)
     .await?;
@@ -130,12 +132,18 @@ pub async fn activate(
     Ok(r.rows_affected() == 1)
 }
 
-/// Records a new device uuid of an active booking (instance recreated).
-pub async fn set_device(db: impl PgExecutor<'_>, id: i64, device_uuid: &str) -> sqlx::Result<()> {
+/// Records a new device of an active booking (instance recreated).
+pub async fn set_device(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    device_uuid: &str,
+    device_nodes: &[crate::sched::devices::DeviceNode],
+) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE bookings SET device_uuid = $2, updated_at = now() WHERE id = $1",
+        "UPDATE bookings SET device_uuid = $2, device_nodes = $3, updated_at = now() WHERE id = $1",
         id,
-        device_uuid
+        device_uuid,
+        crate::sched::devices::to_json(device_nodes)
     )
     .execute(db)
     .await?;

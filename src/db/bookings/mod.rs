@@ -65,6 +65,8 @@ pub struct Booking {
     /// 5-minute mean utilisation (%), for rightsizing advice.
     pub peak_memory_mib: Option<i64>,
     pub busy_pct: Option<f64>,
+    /// The device files its processes may open (set at activation).
+    pub device_nodes: Option<serde_json::Value>,
 }
 
 impl Booking {
@@ -112,7 +114,7 @@ pub async fn get_many(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<
                   b.idle_since, b.idle_warned_at,
                   CASE WHEN t.idle_action = 'release'
                        THEN b.idle_warned_at + make_interval(mins => t.idle_grace_minutes) END AS idle_release_at,
-                  r.peak_memory_mib, r.busy_pct
+                  r.peak_memory_mib, r.busy_pct, b.device_nodes
            FROM unnest($1::bigint[]) WITH ORDINALITY AS i (id, ord)
            JOIN bookings b ON b.id = i.id
            LEFT JOIN LATERAL (

@@ -19,6 +19,7 @@ pub struct ExecTarget {
     pub owner_unix_user: Option<String>,
     pub owner_disabled: bool,
     pub compute_slices: i32,
+    pub device_nodes: Option<serde_json::Value>,
 }
 
 pub async fn exec_target(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<ExecTarget>> {
@@ -26,7 +27,7 @@ pub async fn exec_target(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Optio
         ExecTarget,
         r#"SELECT b.id, b.status AS "status: Status", b.kind AS "kind: Kind", b.device_uuid, n.name AS "node?",
                   u.email AS owner_email, u.unix_user AS owner_unix_user, u.disabled AS owner_disabled,
-                  b.compute_slices
+                  b.compute_slices, b.device_nodes
            FROM bookings b JOIN users u ON u.id = b.user_id
            LEFT JOIN gpus g ON g.id = b.gpu_id LEFT JOIN nodes n ON n.id = g.node_id
            WHERE b.id = $1"#,
@@ -46,13 +47,14 @@ pub struct ActiveShare {
     pub guaranteed_share_pct: i32,
     pub memory_gib: i32,
     pub compute_slices: i32,
+    pub device_nodes: Option<serde_json::Value>,
 }
 
 pub async fn active_shares(db: impl PgExecutor<'_>, node: &str) -> sqlx::Result<Vec<ActiveShare>> {
     sqlx::query_as!(
         ActiveShare,
         r#"SELECT b.id, b.tenant_id, g.uuid AS gpu_uuid, b.priority AS "priority: Priority",
-                t.guaranteed_share_pct, b.memory_gib, b.compute_slices
+                t.guaranteed_share_pct, b.memory_gib, b.compute_slices, b.device_nodes
          FROM bookings b JOIN gpus g ON g.id = b.gpu_id JOIN nodes n ON n.id = g.node_id
          JOIN tenants t ON t.id = b.tenant_id
          WHERE n.name = $1 AND b.kind = 'timeslice' AND b.status = 'active'

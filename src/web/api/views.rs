@@ -64,6 +64,9 @@ pub struct BookingView {
     pub placement: Option<PlacementView>,
     /// The device to use (`MIG-…` or the GPU's `GPU-…`), once active.
     pub device_uuid: Option<String>,
+    /// The device files its processes may open (the rest of NVIDIA's are
+    /// denied to its cgroup), once active on a node that confines them.
+    pub device_nodes: Vec<String>,
     /// Why it waits (queued) or failed.
     pub reason: Option<String>,
     /// For a queued booking: the earliest start that would fit.
@@ -108,6 +111,14 @@ impl From<&Booking> for BookingView {
                 _ => None,
             },
             device_uuid: b.device_uuid.clone(),
+            device_nodes: if b.status == Status::Active {
+                crate::sched::devices::from_json(b.device_nodes.as_ref())
+                    .into_iter()
+                    .map(|d| d.path)
+                    .collect()
+            } else {
+                Vec::new()
+            },
             reason: b.reason.clone(),
             earliest_start: b.offered_start.map(rfc3339),
             idle: b

@@ -368,6 +368,23 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     })
 }
 
+/// A GPU's device-file minor (`/dev/nvidiaN`): its index, as on most
+/// nodes (NVIDIA makes no promise that they agree; the backend asks).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: *mut std::ffi::c_void,
+    minor: *mut c_uint,
+) -> Ret {
+    with(|_| {
+        let (t, g, _, _) = decode(device);
+        if t != TAG_GPU {
+            return INVALID_ARGUMENT;
+        }
+        *minor = g as c_uint;
+        SUCCESS
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetName(
     device: *mut std::ffi::c_void,
