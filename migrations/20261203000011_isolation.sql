@@ -18,6 +18,9 @@ CREATE TABLE security_incidents (
     score       INT NOT NULL DEFAULT 0,
     state       TEXT NOT NULL DEFAULT 'open' CHECK (state IN ('open', 'closed')),
     alert_id    BIGINT REFERENCES alerts (id) ON DELETE SET NULL,
+    -- The node froze the booking's share (response `freeze-shares`); it
+    -- stays frozen until the incident is closed.
+    held        BOOLEAN NOT NULL DEFAULT false,
     opened_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     last_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     closed_at   TIMESTAMPTZ,

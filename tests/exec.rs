@@ -402,6 +402,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         &shares,
         &mut memory,
         grace,
+        Default::default(),
     )
     .await;
     assert!(p.0.try_wait().unwrap().is_none(), "warned first, not ended");
@@ -413,6 +414,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         &shares,
         &mut memory,
         grace,
+        Default::default(),
     )
     .await;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -435,6 +437,16 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
             .any(|e| e.starts_with("warning: process") && e.contains("6144 MiB")),
         "{events:?}"
     );
+    // The security monitor has it as evidence against the booking.
+    let evidence: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM security_evidence e JOIN security_incidents i ON i.id = e.incident_id
+         WHERE i.subject = $1 AND e.detector = 'share_memory'",
+    )
+    .bind(format!("booking:{id}"))
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(evidence, 1);
     assert!(
         events.iter().any(|e| e.starts_with("ended: process")),
         "{events:?}"

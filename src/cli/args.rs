@@ -178,6 +178,11 @@ pub struct GpuArgs {
     /// Socket of `gpuslice exec` (default: <data dir>/exec.sock).
     #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
     pub exec_socket: Option<PathBuf>,
+    /// What a node does by itself when a security incident on it reaches
+    /// the threshold: none, end-intruders, freeze-shares (or both, comma
+    /// separated). Every response is audited.
+    #[arg(long, env = "GPUSLICE_SECURITY_RESPONSE", default_value = "none")]
+    pub security_response: String,
     /// Seconds processes on a device get between SIGTERM and SIGKILL when its booking ends.
     #[arg(long, env = "GPUSLICE_GRACE_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=600))]
     pub grace_secs: u64,

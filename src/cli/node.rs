@@ -33,6 +33,8 @@ pub struct NodeSettings {
     pub cgroups: bool,
     /// How often telemetry is sampled.
     pub telemetry_every: Duration,
+    /// What the node does by itself about security incidents.
+    pub security_response: crate::domain::security::Response,
 }
 
 impl NodeSettings {
@@ -65,6 +67,8 @@ impl NodeSettings {
             share_memory_grace: Duration::from_secs(gpu.share_memory_grace_secs),
             cgroups: gpu.cgroups != "off",
             telemetry_every: Duration::from_secs(gpu.telemetry_interval_secs),
+            security_response: crate::domain::security::Response::parse(&gpu.security_response)
+                .map_err(|e| anyhow!(e))?,
         })
     }
 }
@@ -131,6 +135,19 @@ impl Node {
             cgroups.clone(),
             settings.telemetry_every,
         )));
+        if let Some(l) = &cgroups {
+            // Only where bookings live in cgroups can a process be told to
+            // be outside every booking.
+            tasks.push(tokio::spawn(crate::worker::security::run(
+                pool.clone(),
+                name.to_string(),
+                backend.clone(),
+                l.clone(),
+                settings.telemetry_every,
+                settings.security_response,
+                settings.worker.grace,
+            )));
+        }
         tasks.push(tokio::spawn(crate::worker::telemetry::run_events(
             pool.clone(),
             name.to_string(),
@@ -144,6 +161,7 @@ impl Node {
                 l.clone(),
                 worker_limits.clone(),
                 settings.share_memory_grace,
+                settings.security_response,
             )));
         }
         Node {

@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod idle;
 pub mod notify;
 pub mod optimizer;
+pub mod security;
 pub mod telemetry;
 pub mod tenants;
 pub mod throttle;

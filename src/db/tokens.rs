@@ -57,16 +57,20 @@ pub async fn revoke(db: impl PgExecutor<'_>, user_id: i64, id: i64) -> sqlx::Res
     Ok(r.rows_affected() == 1)
 }
 
-/// The user a live token belongs to (disabled users' tokens do not work),
-/// noting the use.
-pub async fn user_for_hash(db: impl PgExecutor<'_>, hash: &str) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar!(
+/// The live token and the user it belongs to (disabled users' tokens do
+/// not work), `(token id, user id, token name)`, noting the use.
+pub async fn user_for_hash(
+    db: impl PgExecutor<'_>,
+    hash: &str,
+) -> sqlx::Result<Option<(i64, i64, String)>> {
+    let row = sqlx::query!(
         "UPDATE api_tokens t SET last_used_at = now()
          FROM users u
          WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND u.id = t.user_id AND NOT u.disabled
-         RETURNING t.user_id",
+         RETURNING t.id, t.user_id, t.name",
         hash
     )
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(row.map(|r| (r.id, r.user_id, r.name)))
 }

@@ -29,7 +29,7 @@ text_enum! {
 }
 
 /// The default rules (names are a contract; thresholds are admins' to edit).
-pub const RULES: [&str; 9] = [
+pub const RULES: [&str; 10] = [
     "gpu_temperature_high",
     "gpu_utilization_high",
     "instance_memory_near_limit",
@@ -39,6 +39,7 @@ pub const RULES: [&str; 9] = [
     "node_heartbeat_stale",
     "metering_spool_full",
     "database_restarted",
+    "security_incident",
 ];
 
 /// What an alert is about.

@@ -61,6 +61,7 @@ pub mod lifecycle;
 mod password;
 mod quota;
 pub mod rightsize;
+pub mod security;
 pub mod usage;
 
 pub use password::{hash as hash_password, verify as verify_password, Password, PasswordError};

@@ -48,6 +48,10 @@ struct SimGpu {
     /// Driver events staged by `gpuslice sim xid`, not yet delivered.
     #[serde(default)]
     events: Vec<(EventKind, u64)>,
+    /// Attached processes that were real processes of this machine: the
+    /// driver stops listing them once they end (a made-up pid stays).
+    #[serde(default)]
+    real_pids: Vec<u32>,
 }
 
 /// What `gpuslice sim set` stages on a simulated GPU: each value, when
@@ -185,6 +189,15 @@ impl CrashPoint {
     }
 }
 
+/// Whether a pid names no running process of this machine (gone, or a
+/// zombie waiting for its parent).
+fn process_ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// The simulated GPUs of one node.
 pub struct SimBackend {
     node: String,
@@ -254,6 +267,7 @@ impl SimBackend {
                     next_gi: 1,
                     staged: Staged::default(),
                     events: Vec::new(),
+                    real_pids: Vec::new(),
                 });
             }
         }
@@ -376,8 +390,12 @@ impl SimBackend {
             pid,
             used_memory_mib,
         };
+        let real = !process_ended(pid);
         self.access(true, |state| {
             for g in &mut state.gpus {
+                if real {
+                    g.real_pids.push(pid);
+                }
                 if g.uuid == device_uuid {
                     g.processes.push(proc_);
                     return Ok(());
@@ -389,6 +407,9 @@ impl SimBackend {
                 {
                     i.processes.push(proc_);
                     return Ok(());
+                }
+                if real {
+                    g.real_pids.pop();
                 }
             }
             Err(BackendError::NoSuchDevice(device_uuid.to_string()))
@@ -705,6 +726,7 @@ impl GpuBackend for SimBackend {
                     }
                     let mut all = g.processes.clone();
                     all.extend(g.instances.iter().flat_map(|i| i.processes.clone()));
+                    all.retain(|p| !(g.real_pids.contains(&p.pid) && process_ended(p.pid)));
                     all.extend(observed.iter().cloned());
                     return Ok(all);
                 }
@@ -717,6 +739,7 @@ impl GpuBackend for SimBackend {
                         return Err(BackendError::GpuLost(g.uuid.clone()));
                     }
                     let mut all = i.processes.clone();
+                    all.retain(|p| !(g.real_pids.contains(&p.pid) && process_ended(p.pid)));
                     all.extend(observed.iter().cloned());
                     return Ok(all);
                 }

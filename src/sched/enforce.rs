@@ -77,6 +77,16 @@ impl Enforcer {
         }
     }
 
+    /// Takes a share out of the scheduler without thawing it (a security
+    /// response holds it frozen).
+    pub fn detach(&mut self, id: i64) {
+        self.groups.remove(&id);
+        self.sched.remove(id);
+        if self.running == Some(id) {
+            self.running = None;
+        }
+    }
+
     pub fn shares(&self) -> &[Share] {
         self.sched.shares()
     }

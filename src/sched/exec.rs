@@ -280,7 +280,10 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
     };
     let target = match db::bookings::exec_target(pool, booking).await {
         Ok(Some(t)) => t,
-        Ok(None) => return not_yours(),
+        Ok(None) => {
+            suspect_refusal(pool, nodes, uid, booking).await;
+            return not_yours();
+        }
         Err(e) => {
             tracing::warn!(error = %e, "exec: database error");
             return refuse("the worker cannot reach its database; try again in a moment");
@@ -293,6 +296,7 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
             .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
             .map(|u| u.uid.as_raw());
         if owner_uid != Some(uid) {
+            suspect_refusal(pool, nodes, uid, booking).await;
             return not_yours();
         }
     }
@@ -362,6 +366,33 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
         error: None,
         device_nodes: if isolated { nodes_of } else { Vec::new() },
     }
+}
+
+/// A Unix account asked for a booking that is not its own (or none):
+/// evidence for the security monitor against that account on this node.
+async fn suspect_refusal(pool: &PgPool, nodes: &Nodes, uid: u32, booking: i64) {
+    use crate::domain::security::{Detector, Suspect};
+    use crate::watch::security::{report, Report};
+    let mut names: Vec<&String> = nodes.keys().collect();
+    names.sort();
+    let node = names.first().map(|n| n.to_string()).unwrap_or_default();
+    let account = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.name);
+    let user = match &account {
+        Some(name) => db::security::user_of_unix(pool, name).await.ok().flatten(),
+        None => None,
+    };
+    let detail = format!(
+        "exec refused uid {uid}{} booking {booking}, which is not theirs or does not exist",
+        account.map(|a| format!(" ({a})")).unwrap_or_default()
+    );
+    report(
+        pool,
+        Report::new(Suspect::Uid { uid, node }, Detector::ExecRefusals, detail).by_user(user),
+    )
+    .await;
 }
 
 /// The client side: asks the worker at `socket`; returns the device.

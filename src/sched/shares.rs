@@ -39,8 +39,15 @@ pub fn layout_for(node: &str) -> Option<Layout> {
     Layout::detect(Path::new("/sys/fs/cgroup"), &format!("gpuslice-{safe}"))
 }
 
+/// What a GPU's thread runs: its shares, and those a security response
+/// holds frozen (out of the scheduler, never thawed).
+struct Update {
+    shares: Vec<(ShareSpec, Group)>,
+    held: Vec<(i64, Group)>,
+}
+
 struct GpuThread {
-    tx: mpsc::Sender<Vec<(ShareSpec, Group)>>,
+    tx: mpsc::Sender<Update>,
     state: Arc<Mutex<Vec<Share>>>,
 }
 
@@ -52,7 +59,7 @@ fn now_us() -> u64 {
 }
 
 fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
-    let (tx, rx) = mpsc::channel::<Vec<(ShareSpec, Group)>>();
+    let (tx, rx) = mpsc::channel::<Update>();
     let state = Arc::new(Mutex::new(Vec::new()));
     let out = state.clone();
     let name = format!("sched-{}", &gpu[..gpu.len().min(12)]);
@@ -79,7 +86,7 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
         loop {
             loop {
                 match rx.try_recv() {
-                    Ok(set) => {
+                    Ok(Update { shares: set, held }) => {
                         let keep: Vec<i64> = set.iter().map(|(s, _)| s.id).collect();
                         let gone: Vec<i64> = e
                             .shares()
@@ -88,7 +95,17 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
                             .filter(|id| !keep.contains(id))
                             .collect();
                         for id in gone {
-                            e.remove(id);
+                            if held.iter().any(|(h, _)| *h == id) {
+                                // Leaves the scheduler frozen, not thawed.
+                                e.detach(id);
+                            } else {
+                                e.remove(id);
+                            }
+                        }
+                        for (_, group) in &held {
+                            if !group.is_frozen() {
+                                let _ = group.freeze();
+                            }
                         }
                         for (spec, group) in set {
                             e.add(spec, group);
@@ -138,6 +155,7 @@ pub async fn run(
     layout: Layout,
     limits: crate::sched::cgroup::Limits,
     memory_grace: Duration,
+    response: crate::domain::security::Response,
 ) {
     let mut threads: HashMap<String, GpuThread> = HashMap::new();
     let mut memory = Memory::default();
@@ -154,7 +172,13 @@ pub async fn run(
                 continue;
             }
         };
+        // Shares a security response froze stay frozen until an admin
+        // closes the incident.
+        let held_ids = db::security::held_bookings(&pool, &node)
+            .await
+            .unwrap_or_default();
         let mut by_gpu: HashMap<String, Vec<(ShareSpec, Group)>> = HashMap::new();
+        let mut held: HashMap<String, Vec<(i64, Group)>> = HashMap::new();
         for s in &shares {
             let group = layout.group(s.id);
             if !group.exists() {
@@ -163,6 +187,13 @@ pub async fn run(
                     tracing::warn!(booking = s.id, error = %e, "cannot create the share's cgroup");
                     continue;
                 }
+            }
+            if held_ids.contains(&s.id) {
+                held.entry(s.gpu_uuid.clone())
+                    .or_default()
+                    .push((s.id, group));
+                by_gpu.entry(s.gpu_uuid.clone()).or_default();
+                continue;
             }
             by_gpu.entry(s.gpu_uuid.clone()).or_default().push((
                 ShareSpec {
@@ -181,7 +212,10 @@ pub async fn run(
             let t = threads
                 .entry(gpu.clone())
                 .or_insert_with(|| spawn_gpu(&gpu, backend.clone()));
-            let _ = t.tx.send(set);
+            let _ = t.tx.send(Update {
+                shares: set,
+                held: held.remove(&gpu).unwrap_or_default(),
+            });
         }
         if n.is_multiple_of(5) {
             publish(&pool, &threads, &shares, &mut memory).await;
@@ -194,6 +228,7 @@ pub async fn run(
             &shares,
             &mut memory,
             memory_grace,
+            response,
         )
         .await;
     }
@@ -263,6 +298,7 @@ pub async fn watch_memory(
     shares: &[db::bookings::ActiveShare],
     memory: &mut Memory,
     grace: Duration,
+    response: crate::domain::security::Response,
 ) {
     let mut still_over = Vec::new();
     for s in shares {
@@ -309,6 +345,23 @@ pub async fn watch_memory(
                     &format!("ended: {why}"),
                 )
                 .await;
+                use crate::domain::security::{Detector, Suspect};
+                use crate::watch::security::{report, Report};
+                let evidence = Report::new(
+                    Suspect::Booking(s.id),
+                    Detector::ShareMemory,
+                    format!(
+                        "{why}, still after the {} s warning; ended",
+                        grace.as_secs()
+                    ),
+                )
+                .on_node(node);
+                if let Some(o) = report(pool, evidence).await {
+                    if o.alerting && response.freeze_shares {
+                        crate::worker::security::freeze_share(pool, node, s.id, o.incident_id)
+                            .await;
+                    }
+                }
             }
         }
     }

@@ -11,6 +11,7 @@
 pub mod idle;
 pub mod notifier;
 pub mod optimizer;
+pub mod security;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -19,6 +19,7 @@ use super::error::AppError;
 use super::pages::{LoginPage, PageCtx};
 use super::AppState;
 use crate::db::{self, audit::Actor, users::Membership, users::User};
+use crate::domain::security::{Detector, Suspect};
 use crate::domain::{Email, GlobalRole};
 
 pub(crate) const SESSION_USER: &str = "uid";
@@ -219,9 +220,35 @@ impl FromRequestParts<AppState> for CurrentUser {
             // A request that names a token is judged by the token alone,
             // never by cookies that happen to ride along.
             let token = bearer(parts).ok_or(AppError::Unauthenticated)?;
-            db::tokens::user_for_hash(&state.pool, &token_hash(token))
-                .await?
-                .ok_or(AppError::Unauthenticated)?
+            let (token_id, user_id, name) =
+                db::tokens::user_for_hash(&state.pool, &token_hash(token))
+                    .await?
+                    .ok_or(AppError::Unauthenticated)?;
+            let scope = throttle_scope(&addr);
+            if let Some(before) =
+                db::security::token_used_from(&state.pool, token_id, &scope).await?
+            {
+                // A token that moves to a new address may have leaked.
+                if before > 0 {
+                    let detail = format!(
+                        "API token \"{name}\" used from {scope}, new for it (used from {before} other address{} before)",
+                        if before == 1 { "" } else { "es" }
+                    );
+                    let pool = state.pool.clone();
+                    tokio::spawn(async move {
+                        crate::watch::security::report(
+                            &pool,
+                            crate::watch::security::Report::new(
+                                Suspect::Account(user_id),
+                                Detector::TokenNewAddress,
+                                detail,
+                            ),
+                        )
+                        .await;
+                    });
+                }
+            }
+            user_id
         } else {
             let session = Session::from_request_parts(parts, state)
                 .await
@@ -338,6 +365,19 @@ pub struct LoginForm {
 /// The longest e-mail address (RFC 5321's path limit).
 const MAX_EMAIL_LEN: usize = 254;
 
+/// A sign-in limit was reached: evidence for the security monitor,
+/// recorded in the background so the answer is not delayed.
+fn burst(state: &AppState, suspect: Suspect, detail: String) {
+    let pool = state.pool.clone();
+    tokio::spawn(async move {
+        crate::watch::security::report(
+            &pool,
+            crate::watch::security::Report::new(suspect, Detector::SignInFailures, detail),
+        )
+        .await;
+    });
+}
+
 pub async fn login(
     State(state): State<AppState>,
     session: Session,
@@ -373,13 +413,33 @@ pub async fn login(
     // parallel guesses cannot slip past a limit.
     let (n, left) = db::throttle::hit(&state.pool, &keys.address, WINDOW_SECS).await?;
     if n > IP_LIMIT {
+        if n == IP_LIMIT + 1 {
+            burst(&state, Suspect::Address(addr_key.clone()), format!(
+                "{IP_LIMIT} sign-in attempts within 15 minutes from {addr_key}; further ones refused"
+            ));
+        }
         return Err(AppError::TooManyRequests(left));
     }
     let (n, left) = db::throttle::hit(&state.pool, &keys.pair, WINDOW_SECS).await?;
     if n > ACCOUNT_LIMIT {
+        if n == ACCOUNT_LIMIT + 1 {
+            let suspect = match &creds {
+                Some(c) => Suspect::Account(c.id),
+                None => Suspect::Address(addr_key.clone()),
+            };
+            burst(&state, suspect, format!(
+                "{ACCOUNT_LIMIT} sign-in attempts within 15 minutes for {} from {addr_key}; further ones refused",
+                if creds.is_some() { "this account" } else { "an unknown account" }
+            ));
+        }
         return Err(AppError::TooManyRequests(left));
     }
     let (n, left) = db::throttle::hit(&state.pool, &keys.account, WINDOW_SECS).await?;
+    if let (true, Some(c)) = (n == ACCOUNT_CEILING + 1, &creds) {
+        burst(&state, Suspect::Account(c.id), format!(
+            "{ACCOUNT_CEILING} sign-in attempts within 15 minutes for this account from several addresses (latest {addr_key}); only its known addresses get through"
+        ));
+    }
     if n > ACCOUNT_CEILING {
         let known = match &creds {
             Some(c) => db::throttle::known_address(&state.pool, c.id, &addr_key).await?,

@@ -15,6 +15,7 @@ pub mod home;
 pub mod ops;
 pub mod optimizer;
 pub mod pages;
+pub mod security;
 pub mod settings;
 pub mod usage;
 
@@ -365,6 +366,7 @@ pub fn router(state: AppState) -> Router {
         .merge(fleet::routes())
         .merge(alerts::routes())
         .merge(optimizer::routes())
+        .merge(security::routes())
         .merge(ops::routes())
         .nest(api::BASE, api::routes())
         .fallback(not_found)

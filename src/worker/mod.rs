@@ -4,6 +4,7 @@
 
 pub mod bookings;
 pub mod meter;
+pub mod security;
 pub mod telemetry;
 
 use std::sync::Arc;

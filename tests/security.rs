@@ -1,0 +1,343 @@
+//! The security monitor: a process started outside `gpuslice exec` and
+//! registered on a booking's MIG device raises a HIGH alert within the
+//! threshold's samples and, with the response on, is ended (audited);
+//! refused `exec` calls count against the Unix account; sign-in limits and
+//! a token used from a new address are evidence; an admin closes an
+//! incident with a note on `/admin/security`, which resolves its alert.
+//! The node-side parts need root (cgroups) and skip loudly without it.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{booking_status, wait_for, Killed, TestApp, WorkerProcess};
+use gpuslice::booking::{self, Created};
+use gpuslice::domain::booking::BookingInput;
+use gpuslice::web::WebSettings;
+
+fn skip(test: &str, why: &str) {
+    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
+        panic!("security test {test} required but {why}");
+    }
+    eprintln!("\n*** SKIPPED security test {test}: {why} ***\n");
+}
+
+fn cli(w: &WorkerProcess, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(args)
+        .env("DATABASE_URL", &w.url)
+        .env("GPUSLICE_DATA_DIR", &w.dir)
+        .env("GPUSLICE_FLEET", w.dir.join("fleet.toml"))
+        .env("GPUSLICE_BACKEND", "sim")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+async fn setup(tag: &str, response: &str) -> (TestApp, WorkerProcess, Killed, i64) {
+    let app = TestApp::spawn().await;
+    app.tenant("lab").await;
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    gpuslice::cli::user_link(&app.pool, "ana@uni.edu", "nobody")
+        .await
+        .unwrap();
+    let name = format!("s{}{tag}", std::process::id());
+    let fleet = format!(
+        "[[node]]\nname = \"{name}\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n"
+    );
+    let node = WorkerProcess::new(&app, "sec", &name, &fleet);
+    let worker = Killed(
+        node.command()
+            .env("GPUSLICE_TELEMETRY_INTERVAL_SECS", "1")
+            .env("GPUSLICE_SECURITY_RESPONSE", response)
+            .env("GPUSLICE_GRACE_SECS", "1")
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the worker's GPU", || async {
+        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
+    })
+    .await;
+    let who = common::member(&app, "ana@uni.edu", "lab").await;
+    let req = BookingInput {
+        tenant: "lab".into(),
+        kind: "mig".into(),
+        profile: "1g.10gb".into(),
+        hours: "1".into(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    let id = match booking::create(&app.pool, &who, &req, None, &Default::default())
+        .await
+        .unwrap()
+    {
+        Created::New(b) => b.id,
+        Created::Replayed(_) => unreachable!(),
+    };
+    wait_for("active", || async {
+        booking_status(&app, id).await == "active"
+    })
+    .await;
+    (app, node, worker, id)
+}
+
+async fn alert_state(app: &TestApp, booking: i64) -> Option<(String, String)> {
+    sqlx::query_as(
+        "SELECT state, severity FROM alerts WHERE rule = 'security_incident' AND booking_id = $1
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(booking)
+    .fetch_optional(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_intruder_on_a_mig_device_raises_a_high_alert_and_is_ended() {
+    if !nix::unistd::Uid::effective().is_root() {
+        skip("intruder", "not running as root (no booking cgroups)");
+        return;
+    }
+    let (app, node, _worker, id) = setup("a", "end-intruders").await;
+    let device: String = app
+        .one(&format!("SELECT device_uuid FROM bookings WHERE id = {id}"))
+        .await;
+    // A process that did not come through gpuslice exec.
+    let mut intruder = Killed(Command::new("sleep").arg("600").spawn().unwrap());
+    let pid = intruder.0.id().to_string();
+    let out = cli(
+        &node,
+        &[
+            "sim",
+            "process",
+            "--node",
+            &node.name,
+            "--device",
+            &device,
+            "--pid",
+            &pid,
+            "--used-mib",
+            "2048",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    wait_for("the HIGH alert", || async {
+        alert_state(&app, id).await == Some(("firing".into(), "high".into()))
+    })
+    .await;
+    let (score, evidence): (i32, i64) = sqlx::query_as(
+        "SELECT i.score, (SELECT count(*) FROM security_evidence e
+                           WHERE e.incident_id = i.id AND e.detector = 'intruder_process')
+         FROM security_incidents i WHERE i.subject = $1",
+    )
+    .bind(format!("booking:{id}"))
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(score >= 5 && evidence >= 5, "{score} {evidence}");
+    let detail: String = app
+        .one(&format!(
+            "SELECT detail FROM security_evidence WHERE detector = 'intruder_process' ORDER BY id LIMIT 1"
+        ))
+        .await;
+    assert!(
+        detail.contains(&format!("process {pid} (sleep")),
+        "{detail}"
+    );
+    // The response ends it and says so.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while intruder.0.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        intruder.0.try_wait().unwrap().is_some(),
+        "the intruder was ended"
+    );
+    wait_for("the audited response", || async {
+        app.one::<i64>("SELECT count(*) FROM audit_log WHERE action = 'security.end_process'")
+            .await
+            >= 1
+    })
+    .await;
+    let responses: i64 = app
+        .one("SELECT count(*) FROM security_evidence WHERE detector = 'response'")
+        .await;
+    assert!(responses >= 1);
+    // The booking's owner was told (the alert names their booking), and so
+    // were the admins.
+    let mails: i64 = app
+        .one(
+            "SELECT count(*) FROM notifications WHERE topic IN ('booking_alert', 'alert_critical')",
+        )
+        .await;
+    assert!(mails >= 1, "notifications queued: {mails}");
+
+    // An admin closes it with a note: the alert resolves, the audit says who.
+    app.user("root@uni.edu", "admin", &[]).await;
+    let admin = app.signed_in("root@uni.edu").await;
+    let page = admin
+        .get(app.url("/admin/security"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&format!("booking #{id}")), "{page}");
+    assert!(page.contains("process outside every booking"), "{page}");
+    let incident: i64 = app
+        .one(&format!(
+            "SELECT id FROM security_incidents WHERE subject = 'booking:{id}'"
+        ))
+        .await;
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/security",
+            &format!("/admin/security/{incident}/close"),
+            &[("note", "  ")],
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("Say what you found"));
+    let r = app
+        .post_form(
+            &admin,
+            "/admin/security",
+            &format!("/admin/security/{incident}/close"),
+            &[("note", "a student's <script> test job; talked to them")],
+        )
+        .await;
+    assert!(
+        r.status().is_redirection() || r.status().is_success(),
+        "{}",
+        r.status()
+    );
+    let state: String = app
+        .one(&format!(
+            "SELECT state FROM security_incidents WHERE id = {incident}"
+        ))
+        .await;
+    assert_eq!(state, "closed");
+    assert_eq!(
+        alert_state(&app, id).await.map(|s| s.0),
+        Some("resolved".into())
+    );
+    let audited: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'security.close_incident'")
+        .await;
+    assert_eq!(audited, 1);
+    let closed = admin
+        .get(app.url("/admin/security?state=closed"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(closed.contains("test job; talked to them"), "{closed}");
+    assert!(!closed.contains("<script>"), "the note is escaped");
+    // Other roles cannot see the page.
+    let member = app.signed_in("ana@uni.edu").await;
+    let r = member.get(app.url("/admin/security")).send().await.unwrap();
+    assert!(r.status() == 403 || r.status() == 404, "{}", r.status());
+}
+
+#[tokio::test]
+async fn refused_exec_calls_count_against_the_unix_account() {
+    if !nix::unistd::Uid::effective().is_root() {
+        skip("exec refusals", "not running as root (setpriv)");
+        return;
+    }
+    let (app, node, _worker, id) = setup("b", "none").await;
+    for _ in 0..5 {
+        let out = Command::new("setpriv")
+            .args(["--reuid", "1", "--regid", "1", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(["exec", &id.to_string(), "--socket"])
+            .arg(node.socket())
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+    let subject = format!("uid:1@{}", node.name);
+    let score: i32 = app
+        .one(&format!(
+            "SELECT score FROM security_incidents WHERE subject = '{subject}'"
+        ))
+        .await;
+    assert_eq!(score, 5);
+    let firing: i64 = app
+        .one("SELECT count(*) FROM alerts WHERE rule = 'security_incident' AND state = 'firing' AND severity = 'high'")
+        .await;
+    assert_eq!(firing, 1);
+}
+
+#[tokio::test]
+async fn sign_in_bursts_and_a_token_from_a_new_address_are_evidence() {
+    let app = TestApp::spawn_with(WebSettings {
+        trust_proxy: true,
+        ..Default::default()
+    })
+    .await;
+    app.user("bo@uni.edu", "none", &[]).await;
+    let client = app.client();
+    // Eleven wrong passwords from one address: the account-and-address
+    // limit (10) is reached once.
+    for _ in 0..11 {
+        let csrf = app.csrf(&client, "/login").await;
+        let _ = client
+            .post(app.url("/login"))
+            .header("X-Forwarded-For", "198.51.100.7")
+            .form(&[
+                ("csrf_token", csrf.as_str()),
+                ("email", "bo@uni.edu"),
+                ("password", "not the password at all"),
+            ])
+            .send()
+            .await
+            .unwrap();
+    }
+    let user: i64 = app
+        .one("SELECT id FROM users WHERE email = 'bo@uni.edu'")
+        .await;
+    wait_for("the sign-in evidence", || async {
+        app.one::<i64>(&format!(
+            "SELECT count(*) FROM security_evidence e JOIN security_incidents i ON i.id = e.incident_id
+             WHERE i.subject = 'account:{user}' AND e.detector = 'sign_in_failures'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    // A token used from one address, then another.
+    let token = gpuslice::cli::token_create(&app.pool, "bo@uni.edu", "laptop")
+        .await
+        .unwrap();
+    for addr in ["203.0.113.1", "203.0.113.1", "203.0.113.9"] {
+        let r = client
+            .get(app.url("/api/v1/me"))
+            .bearer_auth(&token)
+            .header("X-Forwarded-For", addr)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    wait_for("the token evidence", || async {
+        app.one::<i64>(&format!(
+            "SELECT count(*) FROM security_evidence e JOIN security_incidents i ON i.id = e.incident_id
+             WHERE i.subject = 'account:{user}' AND e.detector = 'token_new_address'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    let detail: String = app
+        .one("SELECT detail FROM security_evidence WHERE detector = 'token_new_address'")
+        .await;
+    assert!(detail.contains("203.0.113.9"), "{detail}");
+}
