@@ -367,3 +367,57 @@ async fn exec_refuses_a_connection_whose_process_has_gone() {
         );
     }
 }
+
+/// `gpu-check` tells a locked-down node from an open one by trying: a
+/// probe in the login cgroup opens the GPU files.
+#[test]
+fn gpu_check_reports_whether_the_node_is_locked_down() {
+    let Some((_layout, nd, _dir)) = setup("lockdown") else {
+        return;
+    };
+    let devices = Path::new("/sys/fs/cgroup/devices");
+    if !devices.join("cgroup.procs").is_file() {
+        skip(
+            "lockdown",
+            "no cgroup v1 devices controller to stand for a locked login slice",
+        );
+        return;
+    }
+    let run = |cgroup: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(["gpu-check", "--lockdown-only", "--dev-dir"])
+            .arg(&nd.dev_dir)
+            .args(["--probe-cgroup", cgroup])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // A login slice that denies NVIDIA's majors, as docs/operations.md
+    // sets one up, and one that does not.
+    let locked = format!("gpuslice-iso-{}-login-locked", std::process::id());
+    let open = format!("gpuslice-iso-{}-login-open", std::process::id());
+    for name in [&locked, &open] {
+        std::fs::create_dir_all(devices.join(name)).unwrap();
+    }
+    let deny = nd.policy(&[]).v1_deny();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(devices.join(&locked).join("devices.deny"))
+        .unwrap();
+    for line in deny {
+        f.write_all(line.as_bytes()).unwrap();
+    }
+    let report = run(&locked);
+    assert!(report.contains("verdict: locked down"), "{report}");
+    assert!(
+        report.contains("refused (Operation not permitted)"),
+        "{report}"
+    );
+    let report = run(&open);
+    assert!(report.contains("verdict: NOT locked down"), "{report}");
+    assert!(report.contains("(every account may open it)"), "{report}");
+    for name in [&locked, &open] {
+        let _ = std::fs::remove_dir(devices.join(name));
+    }
+}

@@ -341,3 +341,108 @@ async fn sign_in_bursts_and_a_token_from_a_new_address_are_evidence() {
         .await;
     assert!(detail.contains("203.0.113.9"), "{detail}");
 }
+
+#[tokio::test]
+async fn a_share_run_under_another_account_is_frozen_until_the_incident_is_closed() {
+    if !nix::unistd::Uid::effective().is_root() {
+        skip("freeze", "not running as root (no booking cgroups)");
+        return;
+    }
+    let app = TestApp::spawn().await;
+    app.tenant("lab").await;
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    gpuslice::cli::user_link(&app.pool, "ana@uni.edu", "nobody")
+        .await
+        .unwrap();
+    let name = format!("s{}c", std::process::id());
+    let fleet = format!(
+        "[[node]]\nname = \"{name}\"\n[[node.gpu]]\nmodel = \"L40S-48GB\"\nmode = \"timeslice\"\ncount = 1\nmax_shares = 4\n"
+    );
+    let node = WorkerProcess::new(&app, "sec", &name, &fleet);
+    let _worker = Killed(
+        node.command()
+            .env("GPUSLICE_TELEMETRY_INTERVAL_SECS", "1")
+            .env("GPUSLICE_SECURITY_RESPONSE", "freeze-shares")
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the worker's GPU", || async {
+        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
+    })
+    .await;
+    let who = common::member(&app, "ana@uni.edu", "lab").await;
+    let req = BookingInput {
+        tenant: "lab".into(),
+        kind: "timeslice".into(),
+        memory_gib: "8".into(),
+        priority: "normal".into(),
+        hours: "1".into(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    let Created::New(b) = booking::create(&app.pool, &who, &req, None, &Default::default())
+        .await
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    let id = b.id;
+    wait_for("active", || async {
+        booking_status(&app, id).await == "active"
+    })
+    .await;
+    let layout = gpuslice::sched::shares::layout_for(&name).expect("root has cgroups");
+    let group = layout.group(id);
+    wait_for("the share's group", || async { group.exists() }).await;
+    // A process of uid 2 (not the owner's `nobody`) inside the share.
+    let stranger = Killed(
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "2",
+                "--regid",
+                "2",
+                "--clear-groups",
+                "--",
+                "sleep",
+                "600",
+            ])
+            .spawn()
+            .unwrap(),
+    );
+    group.add(stranger.0.id()).unwrap();
+    wait_for("the share held", || async {
+        app.one::<bool>(&format!(
+            "SELECT coalesce(bool_or(held), false) FROM security_incidents WHERE subject = 'booking:{id}'"
+        ))
+        .await
+    })
+    .await;
+    wait_for("frozen", || async { group.is_frozen() }).await;
+    // It stays frozen: the scheduler no longer gives it turns.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(group.is_frozen());
+    let audited: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'security.freeze_share'")
+        .await;
+    assert_eq!(audited, 1);
+    // Closing the incident gives it back to the scheduler.
+    drop(stranger);
+    let incident: i64 = app
+        .one(&format!(
+            "SELECT id FROM security_incidents WHERE subject = 'booking:{id}'"
+        ))
+        .await;
+    let admin = gpuslice::db::audit::Actor {
+        user_id: None,
+        email: Some("root@uni.edu".into()),
+        client_addr: None,
+    };
+    assert!(
+        gpuslice::watch::security::close(&app.pool, incident, &admin, "checked")
+            .await
+            .unwrap()
+    );
+    wait_for("thawed", || async { !group.is_frozen() }).await;
+}

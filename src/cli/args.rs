@@ -49,6 +49,16 @@ pub enum Command {
         /// Path of libnvidia-ml (default: the system's).
         #[arg(long, env = "GPUSLICE_NVML_LIB")]
         nvml_lib: Option<PathBuf>,
+        /// Only the lock-down report (no NVML).
+        #[arg(long)]
+        lockdown_only: bool,
+        /// Where the NVIDIA device files are.
+        #[arg(long, default_value = "/dev")]
+        dev_dir: PathBuf,
+        /// The cgroup logins run in, where the lock-down probe runs
+        /// (relative to each hierarchy under /sys/fs/cgroup).
+        #[arg(long, default_value = "user.slice")]
+        probe_cgroup: String,
     },
     /// Manage tenants.
     #[command(subcommand)]

@@ -1,6 +1,41 @@
-//! `gpuslice gpu-check`: a read-only look at a real GPU machine.
+//! `gpuslice gpu-check`: a read-only look at a real GPU machine: whether
+//! it is locked down (see [`crate::sched::lockdown`]), then its GPUs and
+//! MIG profiles as NVML reports them.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
+
+/// `gpu-check`: the lock-down report, then (unless `lockdown_only`) the
+/// NVML part.
+pub fn run(
+    lib: Option<&std::path::Path>,
+    lockdown_only: bool,
+    dev_dir: &std::path::Path,
+    probe_cgroup: &str,
+) -> Result<()> {
+    if probe_cgroup.contains("..") || probe_cgroup.starts_with('/') {
+        bail!("--probe-cgroup: give a cgroup path relative to the hierarchy, such as user.slice");
+    }
+    if nix::unistd::Uid::effective().is_root() {
+        let cgroups = crate::sched::lockdown::login_cgroups(
+            std::path::Path::new("/sys/fs/cgroup"),
+            probe_cgroup,
+        );
+        let nobody = nix::unistd::User::from_name("nobody")
+            .ok()
+            .flatten()
+            .map(|u| u.uid.as_raw())
+            .unwrap_or(65534);
+        let report = crate::sched::lockdown::check(dev_dir, &cgroups, nobody);
+        print!("{}", crate::sched::lockdown::render(&report));
+    } else {
+        println!("Lock-down: not checked (run gpu-check as root: the probe runs as another account in the login cgroup)");
+    }
+    if lockdown_only {
+        return Ok(());
+    }
+    println!();
+    gpu_check(lib)
+}
 
 /// `gpu-check`: prints the GPUs and every GPU-instance profile as NVML
 /// reports them, flagging where the catalog disagrees. Read-only.

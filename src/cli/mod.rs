@@ -49,7 +49,12 @@ pub fn init_tracing(json: bool) {
 /// Runs one command.
 pub async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
-        Command::GpuCheck { nvml_lib } => return gpu_check(nvml_lib.as_deref()),
+        Command::GpuCheck {
+            nvml_lib,
+            lockdown_only,
+            dev_dir,
+            probe_cgroup,
+        } => return gpu_check::run(nvml_lib.as_deref(), *lockdown_only, dev_dir, probe_cgroup),
         Command::Exec {
             booking,
             socket,

@@ -693,12 +693,18 @@ pub mod sim {
         }
         // Not root, or a `nodev` file system: the numbering still holds,
         // the files are just not there to open.
-        let _ = mknod(
+        if mknod(
             path,
             SFlag::S_IFCHR,
             Mode::from_bits_truncate(0o666),
             makedev(major.into(), minor.into()),
-        );
+        )
+        .is_ok()
+        {
+            // NVIDIA's default mode (the umask took some of it).
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666));
+        }
     }
 }
 

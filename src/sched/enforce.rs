@@ -77,6 +77,11 @@ impl Enforcer {
         }
     }
 
+    /// Whether the share is in this enforcer.
+    pub fn has(&self, id: i64) -> bool {
+        self.groups.contains_key(&id)
+    }
+
     /// Takes a share out of the scheduler without thawing it (a security
     /// response holds it frozen).
     pub fn detach(&mut self, id: i64) {

@@ -9,5 +9,6 @@ pub mod cgroup;
 pub mod devices;
 pub mod enforce;
 pub mod exec;
+pub mod lockdown;
 pub mod scheduler;
 pub mod shares;

@@ -108,6 +108,11 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
                             }
                         }
                         for (spec, group) in set {
+                            // Held before, given back now: it starts thawed
+                            // (`add` freezes it again while another runs).
+                            if !e.has(spec.id) && group.is_frozen() {
+                                let _ = group.thaw();
+                            }
                             e.add(spec, group);
                         }
                     }
