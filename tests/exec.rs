@@ -401,8 +401,10 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         &layout,
         &shares,
         &mut memory,
-        grace,
-        Default::default(),
+        gpuslice::sched::shares::OverMemory {
+            grace,
+            response: Default::default(),
+        },
     )
     .await;
     assert!(p.0.try_wait().unwrap().is_none(), "warned first, not ended");
@@ -413,8 +415,10 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         &layout,
         &shares,
         &mut memory,
-        grace,
-        Default::default(),
+        gpuslice::sched::shares::OverMemory {
+            grace,
+            response: Default::default(),
+        },
     )
     .await;
     let deadline = Instant::now() + Duration::from_secs(5);

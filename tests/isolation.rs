@@ -421,3 +421,89 @@ fn gpu_check_reports_whether_the_node_is_locked_down() {
         let _ = std::fs::remove_dir(devices.join(name));
     }
 }
+
+/// `exec --isolate pid`: the command is alone in its PID namespace and
+/// its `/dev` holds the pseudo-devices and the booking's files only.
+#[tokio::test]
+async fn exec_isolate_pid_gives_a_private_pid_space_and_dev() {
+    if !nix::unistd::Uid::effective().is_root() {
+        skip("isolate", "not running as root");
+        return;
+    }
+    let (app, node, _worker, who) = mig_node("c").await;
+    let a = mig_booking(&app, &who).await;
+    let mine = nodes_of(&app, a).await;
+    if mine.is_empty() {
+        skip("isolate", "the worker confines no devices here");
+        return;
+    }
+    let script = r#"echo "pid=$$"; ls /dev; ls /dev/nvidia-caps; echo "procs=$(ls /proc | grep -c '^[0-9]')"; dd if=/dev/nvidia0 of=/dev/null count=0 2>&1 | tail -n 1"#;
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["exec", "--isolate", "pid", &a.to_string(), "--socket"])
+        .arg(node.socket())
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("cannot make the namespaces") {
+        skip(
+            "isolate",
+            &format!("this machine refuses the namespaces: {stderr}"),
+        );
+        return;
+    }
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("pid=2\n"),
+        "PID 1 is gpuslice's init: {stdout}"
+    );
+    let procs: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    // init, the shell, and the subshell, ls and grep that count.
+    assert!(procs <= 6, "only the namespace's processes: {stdout}");
+    for want in [
+        "null",
+        "urandom",
+        "nvidiactl",
+        "nvidia0",
+        "nvidia-uvm",
+        "pts",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == want),
+            "{want} in /dev: {stdout}"
+        );
+    }
+    for unwanted in ["vda", "sda", "mem", "kmsg"] {
+        assert!(
+            !stdout.lines().any(|l| l == unwanted),
+            "{unwanted} in /dev: {stdout}"
+        );
+    }
+    let caps: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("nvidia-cap") && *l != "nvidia-caps")
+        .collect();
+    assert_eq!(
+        caps.len(),
+        2,
+        "the booking's two capability files: {stdout}"
+    );
+    assert!(
+        stdout.contains("No such device or address"),
+        "its GPU reaches the (absent) driver: {stdout}"
+    );
+}

@@ -138,9 +138,7 @@ async fn an_intruder_on_a_mig_device_raises_a_high_alert_and_is_ended() {
     .unwrap();
     assert!(score >= 5 && evidence >= 5, "{score} {evidence}");
     let detail: String = app
-        .one(&format!(
-            "SELECT detail FROM security_evidence WHERE detector = 'intruder_process' ORDER BY id LIMIT 1"
-        ))
+        .one("SELECT detail FROM security_evidence WHERE detector = 'intruder_process' ORDER BY id LIMIT 1")
         .await;
     assert!(
         detail.contains(&format!("process {pid} (sleep")),

@@ -89,6 +89,10 @@ pub enum Command {
         /// The local worker's socket (default: <data dir>/exec.sock).
         #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
         socket: Option<PathBuf>,
+        /// `pid`: run the command in its own PID namespace with a private
+        /// /dev holding only the booking's device files.
+        #[arg(long, value_parser = ["pid"])]
+        isolate: Option<String>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,

@@ -11,6 +11,7 @@ mod args;
 mod bench;
 mod exec;
 mod gpu_check;
+pub mod isolate;
 mod node;
 mod serve;
 mod sim;
@@ -47,6 +48,24 @@ pub fn init_tracing(json: bool) {
 }
 
 /// Runs one command.
+/// `gpuslice exec`: synchronous, and run by `main` before the async
+/// runtime starts (`--isolate pid` needs a process with one thread).
+pub fn exec_command(cli: &Cli) -> Result<()> {
+    let Command::Exec {
+        booking,
+        socket,
+        isolate,
+        cmd,
+    } = &cli.command
+    else {
+        anyhow::bail!("not an exec command");
+    };
+    let socket = socket
+        .clone()
+        .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
+    exec::exec(&socket, *booking, cmd, isolate.is_some())
+}
+
 pub async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
         Command::GpuCheck {
@@ -55,16 +74,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             dev_dir,
             probe_cgroup,
         } => return gpu_check::run(nvml_lib.as_deref(), *lockdown_only, dev_dir, probe_cgroup),
-        Command::Exec {
-            booking,
-            socket,
-            cmd,
-        } => {
-            let socket = socket
-                .clone()
-                .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
-            return exec::exec(&socket, *booking, cmd);
-        }
+        Command::Exec { .. } => return exec_command(&cli),
         Command::Bench(BenchCommand::Telemetry {
             gpus,
             instances,

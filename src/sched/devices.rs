@@ -246,12 +246,13 @@ impl DevicePolicy {
     pub fn bpf_program(&self) -> Vec<bpf::Insn> {
         use bpf::*;
         let allow_len = |n: usize| n as i16;
-        let mut checks = Vec::new();
         // R2 = device type, R4 = major, R5 = minor.
-        checks.push(ldx_w(2, 1, 0));
-        checks.push(and64_imm(2, 0xffff));
-        checks.push(ldx_w(4, 1, 4));
-        checks.push(ldx_w(5, 1, 8));
+        let mut checks = vec![
+            ldx_w(2, 1, 0),
+            and64_imm(2, 0xffff),
+            ldx_w(4, 1, 4),
+            ldx_w(5, 1, 8),
+        ];
         let mut majors: Vec<u32> = self.guarded.iter().map(|g| g.major).collect();
         majors.sort_unstable();
         majors.dedup();

@@ -232,8 +232,10 @@ pub async fn run(
             layout_ref,
             &shares,
             &mut memory,
-            memory_grace,
-            response,
+            OverMemory {
+                grace: memory_grace,
+                response,
+            },
         )
         .await;
     }
@@ -293,6 +295,15 @@ async fn publish(
     }
 }
 
+/// What happens to a share's process over its GPU memory: how long it may
+/// stay over after the warning, and whether a security incident that
+/// alerts freezes the share.
+#[derive(Debug, Clone, Copy)]
+pub struct OverMemory {
+    pub grace: Duration,
+    pub response: crate::domain::security::Response,
+}
+
 /// Warns about, then ends, a share's processes that hold more GPU memory
 /// than the share booked (a booking event each time).
 pub async fn watch_memory(
@@ -302,9 +313,9 @@ pub async fn watch_memory(
     layout: &Layout,
     shares: &[db::bookings::ActiveShare],
     memory: &mut Memory,
-    grace: Duration,
-    response: crate::domain::security::Response,
+    rules: OverMemory,
 ) {
+    let OverMemory { grace, response } = rules;
     let mut still_over = Vec::new();
     for s in shares {
         let (be, gpu) = (backend.clone(), s.gpu_uuid.clone());
