@@ -265,7 +265,10 @@ fn python(test: &str) -> Option<String> {
     if ok {
         return Some("python3".into());
     }
-    eprintln!("\n*** SKIPPED {test}: no python3 with aiosmtpd and prometheus_client (scripts/test.sh installs them) ***\n");
+    common::skipped(
+        test,
+        "no python3 with aiosmtpd and prometheus_client (scripts/test.sh installs them)",
+    );
     None
 }
 

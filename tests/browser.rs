@@ -50,7 +50,7 @@ async fn browser() -> Option<(fantoccini::Client, Driver)> {
         if std::env::var_os("GPUSLICE_REQUIRE_BROWSER").is_some() {
             panic!("browser test required but {why}");
         }
-        eprintln!("\n*** SKIPPED browser test: {why} ***\n");
+        common::skipped("browser test", why);
         return None;
     };
     let port = free_port();

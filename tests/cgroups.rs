@@ -4,6 +4,8 @@
 //! thaws whatever a previous run left frozen. Where the machine does not
 //! allow cgroups the tests say so loudly and skip.
 
+mod common;
+
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ fn layout(test: &str) -> Option<Layout> {
         if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
             panic!("cgroup test required but {why}");
         }
-        eprintln!("\n*** SKIPPED cgroup test {test}: {why} ***\n");
+        common::skipped(&format!("cgroup test {test}"), &why);
         return None;
     }
     found

@@ -127,7 +127,7 @@ fn skip_without_cgroups(node: &Node, test: &str) -> bool {
     if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
         panic!("cgroup test {test} required but {why}");
     }
-    eprintln!("\n*** SKIPPED cgroup part of {test}: {why} ***\n");
+    common::skipped(&format!("cgroup part of {test}"), why);
     true
 }
 
@@ -356,7 +356,7 @@ async fn a_process_over_its_shares_gpu_memory_is_warned_then_ended() {
         if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
             panic!("cgroup test required but {why}");
         }
-        eprintln!("\n*** SKIPPED GPU-memory watch test: {why} ***\n");
+        common::skipped("GPU-memory watch test", why);
         return;
     };
     let node = SimNode::register(

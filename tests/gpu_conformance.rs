@@ -797,3 +797,74 @@ fn the_standin_has_nvml_semantics() {
         assert_eq!((raw.nvmlGpuInstanceDestroy.as_ref().unwrap())(gi), 0);
     }
 }
+
+/// Both backends name the same device files for a MIG device and a whole
+/// GPU: control, UVM, the GPU's minor, and the instance's two capability
+/// files as `mig-minors` numbers them.
+fn device_files_follow_nvidias_numbering(b: &dyn GpuBackend) {
+    let h100 = b
+        .inventory()
+        .unwrap()
+        .into_iter()
+        .filter(|g| g.model.as_deref() == Some("H100-80GB"))
+        .nth(1)
+        .unwrap();
+    let one_g = catalog::model("H100-80GB")
+        .unwrap()
+        .profile("1g.10gb")
+        .unwrap()
+        .nvml_id;
+    let inst = b.create_instance(&h100.uuid, one_g, pl(0, 1)).unwrap();
+    let nd = b.node_devices().expect("device numbering");
+    let files = b
+        .device_nodes(inst.device_uuid.as_deref().unwrap())
+        .unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            std::path::Path::new(&f.path)
+                .strip_prefix(&nd.dev_dir)
+                .unwrap()
+                .display()
+                .to_string()
+        })
+        .collect();
+    let gi = nd.mig_minors[&format!("gpu{}/gi{}/access", h100.index, inst.gi_id)];
+    let ci = nd.mig_minors[&format!(
+        "gpu{}/gi{}/ci{}/access",
+        h100.index,
+        inst.gi_id,
+        inst.ci_id.unwrap_or(0)
+    )];
+    assert_eq!(
+        names,
+        vec![
+            "nvidiactl".to_string(),
+            "nvidia-uvm".into(),
+            "nvidia-uvm-tools".into(),
+            format!("nvidia{}", h100.index),
+            format!("nvidia-caps/nvidia-cap{gi}"),
+            format!("nvidia-caps/nvidia-cap{ci}"),
+        ],
+        "{}",
+        b.kind()
+    );
+    let l40s = gpu(b, "L40S-48GB");
+    let whole = b.device_nodes(&l40s.uuid).unwrap();
+    assert_eq!(whole.len(), 4);
+    assert!(whole[3].path.ends_with(&format!("/nvidia{}", l40s.index)));
+    b.destroy_instance(&h100.uuid, inst.gi_id, Duration::ZERO)
+        .unwrap();
+}
+
+#[test]
+fn device_files_agree_on_both_backends() {
+    let dir = std::env::temp_dir().join(format!("gpuslice-conf-dev-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    device_files_follow_nvidias_numbering(&sim(Some(&dir)));
+    let numbering = gpuslice::sched::devices::sim::prepare(&dir.join("nvml"), "n1", 4).unwrap();
+    let (b, _) = nvml();
+    device_files_follow_nvidias_numbering(&b.with_devices(numbering));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,7 +26,7 @@ fn skip(test: &str, why: &str) {
     if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
         panic!("isolation test {test} required but {why}");
     }
-    eprintln!("\n*** SKIPPED isolation test {test}: {why} ***\n");
+    common::skipped(&format!("isolation test {test}"), why);
 }
 
 /// The layout with a private prefix and simulated device files, or `None`

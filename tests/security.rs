@@ -20,7 +20,7 @@ fn skip(test: &str, why: &str) {
     if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
         panic!("security test {test} required but {why}");
     }
-    eprintln!("\n*** SKIPPED security test {test}: {why} ***\n");
+    common::skipped(&format!("security test {test}"), why);
 }
 
 fn cli(w: &WorkerProcess, args: &[&str]) -> std::process::Output {

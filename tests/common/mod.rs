@@ -5,6 +5,25 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+
+/// Says loudly that a test (or part of one) could not run here, and why:
+/// on standard error, and in the file `GPUSLICE_SKIP_LOG` names, which
+/// `scripts/test.sh` prints and counts after the run (libtest hides the
+/// output of passing tests).
+pub fn skipped(what: &str, why: &str) {
+    let line = format!("SKIPPED {what}: {why}");
+    eprintln!("\n*** {line} ***\n");
+    if let Some(path) = std::env::var_os("GPUSLICE_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
 use std::sync::OnceLock;
 
 use gpuslice::db::{self, embedded::Cluster};
