@@ -66,7 +66,7 @@ pub async fn add(
         r#"INSERT INTO security_incidents (subject, booking_id, user_id, node, score)
            VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (subject) WHERE state = 'open'
-           DO UPDATE SET score = security_incidents.score + EXCLUDED.score, last_at = now(),
+           DO UPDATE SET score = LEAST(security_incidents.score + EXCLUDED.score, 1000000), last_at = now(),
                          booking_id = coalesce(security_incidents.booking_id, EXCLUDED.booking_id),
                          user_id = coalesce(security_incidents.user_id, EXCLUDED.user_id),
                          node = coalesce(security_incidents.node, EXCLUDED.node)

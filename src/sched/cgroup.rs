@@ -110,13 +110,14 @@ impl Layout {
         let memory = limits.host_memory_gib_per_slice * compute_slices.max(1) as u64 * (1 << 30);
         let g = self.create(booking, Some(memory), limits.cpus.as_deref())?;
         if let Some(devices) = &limits.devices {
-            g.restrict_devices(&devices.policy(device_nodes))
-                .map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("cannot confine booking {booking} to its devices: {e}"),
-                    )
-                })?;
+            if let Err(e) = g.restrict_devices(&devices.policy(device_nodes)) {
+                // Not left behind open: whoever finds the group joins it.
+                let _ = g.remove(std::time::Duration::ZERO);
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot confine booking {booking} to its devices: {e}"),
+                ));
+            }
         }
         Ok(g)
     }
@@ -214,15 +215,14 @@ impl Layout {
         ids
     }
 
-    /// Moves a process out of every booking group, back to the top of
-    /// each hierarchy.
-    pub fn release(&self, pid: u32) -> std::io::Result<()> {
-        for root in self.roots() {
-            if let Some(top) = root.parent() {
-                std::fs::write(top.join("cgroup.procs"), pid.to_string())?;
-            }
-        }
-        Ok(())
+    /// The name of the directory the booking groups live in
+    /// (`gpuslice-<node>`), as it shows in `/proc/PID/cgroup`.
+    pub fn prefix_name(&self) -> String {
+        self.roots()
+            .first()
+            .and_then(|r| r.file_name())
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
     }
 
     /// Removes the (empty) prefix directories; groups inside stay.

@@ -217,8 +217,10 @@ pub struct DevicePolicy {
 }
 
 impl DevicePolicy {
-    /// Whether a character device may be opened (what both mechanisms
-    /// enforce; the tests hold them to it).
+    /// Whether a character device may be opened: what the v2 program
+    /// enforces exactly. The v1 deny list enforces it for every minor the
+    /// driver hands out (major 195's 256, the capability minors of
+    /// `mig-minors`) and denies a guarded major with nothing allowed whole.
     pub fn permits(&self, major: u32, minor: u32) -> bool {
         !self.guarded.iter().any(|g| g.major == major) || self.allowed.contains(&(major, minor))
     }
@@ -228,7 +230,11 @@ impl DevicePolicy {
     pub fn v1_deny(&self) -> Vec<String> {
         let mut out = Vec::new();
         for g in &self.guarded {
+            let any_allowed = self.allowed.iter().any(|(m, _)| *m == g.major);
             match &g.minors {
+                // Nothing of it is the booking's: the whole major, including
+                // minors the driver may hand out later.
+                _ if !any_allowed => out.push(format!("c {}:* rwm", g.major)),
                 Some(minors) => out.extend(
                     minors
                         .iter()
@@ -409,15 +415,25 @@ impl Mechanism {
 /// Writes the policy into a v1 `devices` group directory.
 pub fn apply_v1(group_dir: &Path, policy: &DevicePolicy) -> std::io::Result<()> {
     use std::io::Write;
-    // Back to the parent's rules first (a booking confined again after its
-    // instance was recreated), then the denials; the kernel reads one rule
-    // per write.
-    std::fs::write(group_dir.join("devices.allow"), "a")?;
-    let mut f = std::fs::OpenOptions::new()
+    // The denials first, then the booking's own files taken off the deny
+    // list (a booking confined again after its instance was recreated with
+    // other capability minors): under the group's default "allow", an
+    // allow entry removes exactly that exception. Resetting with "a" first
+    // would leave the group open in between (and fails on a group with
+    // children). The kernel reads one rule per write.
+    let mut deny = std::fs::OpenOptions::new()
         .write(true)
         .open(group_dir.join("devices.deny"))?;
     for line in policy.v1_deny() {
-        f.write_all(line.as_bytes())?;
+        deny.write_all(line.as_bytes())?;
+    }
+    let mut allow = std::fs::OpenOptions::new()
+        .write(true)
+        .open(group_dir.join("devices.allow"))?;
+    for (major, minor) in &policy.allowed {
+        if policy.guarded.iter().any(|g| g.major == *major) {
+            allow.write_all(format!("c {major}:{minor} rwm").as_bytes())?;
+        }
     }
     Ok(())
 }
@@ -522,7 +538,14 @@ pub fn apply_v2(group_dir: &Path, policy: &DevicePolicy) -> std::io::Result<()> 
         prog_ifindex: u32,
         expected_attach_type: u32,
     }
-    let mut log = vec![0u8; 4096];
+    // Kernels before 5.11 charge program memory to RLIMIT_MEMLOCK (runc
+    // raises it too); later ones ignore it.
+    let _ = nix::sys::resource::setrlimit(
+        nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+        nix::sys::resource::RLIM_INFINITY,
+        nix::sys::resource::RLIM_INFINITY,
+    );
+    let mut log = vec![0u8; 64 * 1024];
     let mut name = [0u8; 16];
     name[..12].copy_from_slice(b"gpuslice_dev");
     let mut load = Load {
@@ -530,13 +553,19 @@ pub fn apply_v2(group_dir: &Path, policy: &DevicePolicy) -> std::io::Result<()> 
         insn_cnt: prog.len() as u32,
         insns: prog.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
         prog_name: name,
         ..Load::default()
     };
-    let fd = match bpf_call(BPF_PROG_LOAD, &mut load) {
+    // Without a log first: a log that fills its buffer fails the load
+    // (ENOSPC) even for a valid program; the log is asked for only to
+    // explain a refusal.
+    let loaded = bpf_call(BPF_PROG_LOAD, &mut load).or_else(|_| {
+        load.log_level = 1;
+        load.log_size = log.len() as u32;
+        load.log_buf = log.as_mut_ptr() as u64;
+        bpf_call(BPF_PROG_LOAD, &mut load)
+    });
+    let fd = match loaded {
         Ok(fd) => fd,
         Err(e) => {
             let log = String::from_utf8_lossy(&log);
@@ -607,13 +636,16 @@ pub mod sim {
 
     /// Majors for the simulated frontend, UVM and capability devices: 195
     /// when no driver holds it, else and for the others the first free of
-    /// Linux's "local/experimental use" range (240–254).
+    /// Linux's "local/experimental use" ranges 120–127 and 60–63
+    /// (devices.txt), which the kernel never hands out dynamically (its
+    /// dynamic majors come from 234–254 and 384–511), so no driver loaded
+    /// later takes them over.
     fn pick_majors() -> Option<(u32, u32, u32)> {
         let used: Vec<u32> =
             parse_proc_devices(&std::fs::read_to_string("/proc/devices").unwrap_or_default())
                 .into_values()
                 .collect();
-        let mut free = (240..=254).filter(|m| !used.contains(m));
+        let mut free = (120..=127).chain(60..=63).filter(|m| !used.contains(m));
         let frontend = if used.contains(&NVIDIA_MAJOR) {
             free.next()?
         } else {

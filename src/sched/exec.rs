@@ -74,6 +74,7 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
     // Connections served at once: a local user cannot take every file
     // descriptor of the worker.
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let refusals = std::sync::Arc::new(Refusals::default());
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -83,10 +84,10 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
             tracing::warn!("exec socket: too many connections at once; one refused");
             continue;
         };
-        let (pool, nodes) = (pool.clone(), nodes.clone());
+        let (pool, nodes, refusals) = (pool.clone(), nodes.clone(), refusals.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = handle(&pool, &nodes, stream).await {
+            if let Err(e) = handle(&pool, &nodes, &refusals, stream).await {
                 tracing::warn!(error = %e, "exec request failed");
             }
         });
@@ -175,7 +176,9 @@ impl Caller {
                         0,
                     )
                 };
-                rc == 0 && !is_zombie(self.pid)
+                // The pidfd names the process that connected; its pid in
+                // our namespace must still be the one we move.
+                rc == 0 && pidfd_pid(fd) == Some(self.pid) && !is_zombie(self.pid)
             }
             None => {
                 // Without a pidfd: the pid's process must belong to the
@@ -187,6 +190,19 @@ impl Caller {
             }
         }
     }
+}
+
+/// The pid a pidfd names (`Pid:` in its fdinfo; `None` once it exited).
+fn pidfd_pid(fd: &std::os::fd::OwnedFd) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|p: &i32| *p > 0)
 }
 
 /// Clock ticks since boot (the unit of `/proc/PID/stat`'s start time).
@@ -243,7 +259,12 @@ pub fn parse_request(line: &[u8]) -> Option<Request> {
         .filter(|r| r.booking > 0)
 }
 
-async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Result<()> {
+async fn handle(
+    pool: &PgPool,
+    nodes: &Nodes,
+    refusals: &std::sync::Arc<Refusals>,
+    stream: UnixStream,
+) -> anyhow::Result<()> {
     use tokio::io::AsyncReadExt;
     let caller = Caller::of(&stream)?;
     let (read, mut write) = stream.into_split();
@@ -257,7 +278,7 @@ async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Res
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Some(req) => decide(pool, nodes, req.booking, &caller).await,
+                Some(req) => decide(pool, nodes, refusals, req.booking, &caller).await,
                 None => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
             }
         }
@@ -268,7 +289,13 @@ async fn handle(pool: &PgPool, nodes: &Nodes, stream: UnixStream) -> anyhow::Res
     Ok(())
 }
 
-async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> Reply {
+async fn decide(
+    pool: &PgPool,
+    nodes: &Nodes,
+    refusals: &std::sync::Arc<Refusals>,
+    booking: i64,
+    caller: &Caller,
+) -> Reply {
     let uid = caller.uid;
     // A stranger learns nothing about other people's bookings: a booking
     // that does not exist and one that is not theirs get the same answer.
@@ -281,7 +308,7 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
     let target = match db::bookings::exec_target(pool, booking).await {
         Ok(Some(t)) => t,
         Ok(None) => {
-            suspect_refusal(pool, nodes, uid, booking).await;
+            refusals.note(pool, nodes, uid, booking);
             return not_yours();
         }
         Err(e) => {
@@ -296,7 +323,7 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
             .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
             .map(|u| u.uid.as_raw());
         if owner_uid != Some(uid) {
-            suspect_refusal(pool, nodes, uid, booking).await;
+            refusals.note(pool, nodes, uid, booking);
             return not_yours();
         }
     }
@@ -339,17 +366,25 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
         Some((layout, limits)) => {
             let g = layout.group(booking);
             let added = if g.exists() {
-                g.add(pid as u32)
+                // Confined again before anyone joins: a group made before
+                // this node confined devices, or whose confinement failed,
+                // must not take a process as it is.
+                match &limits.devices {
+                    Some(d) => g.restrict_devices(&d.policy(&nodes_of)).map(|_| ()),
+                    None => Ok(()),
+                }
+                .and_then(|_| g.add(pid as u32))
             } else {
                 // Gone (a reboot): made again with its limits, not bare.
                 layout
                     .create_for(booking, target.compute_slices, &limits, &nodes_of)
                     .and_then(|g| g.add(pid as u32))
             };
-            // Checked again after the move: had the caller gone in between,
-            // the move is undone (its pid may name someone else by now).
+            // Nothing is moved back if the caller went in between: the
+            // window is microseconds (a pid cannot come round again in it),
+            // and moving a process out of a booking would free it of every
+            // limit. The caller is told, and the process stays confined.
             if added.is_ok() && !caller.still_there() {
-                let _ = layout.release(pid as u32);
                 return refuse("the process that connected has exited");
             }
             match added {
@@ -365,6 +400,58 @@ async fn decide(pool: &PgPool, nodes: &Nodes, booking: i64, caller: &Caller) -> 
         isolated,
         error: None,
         device_nodes: if isolated { nodes_of } else { Vec::new() },
+    }
+}
+
+/// Refused `exec` calls per uid, so that a local user looping on the
+/// socket cannot turn each refusal into database work: at most
+/// `REFUSALS_REPORTED` pieces of evidence per uid a minute, written in the
+/// background by at most `REPORTS_AT_ONCE` tasks (the rest are counted in
+/// the log only).
+pub struct Refusals {
+    by_uid: std::sync::Mutex<HashMap<u32, (std::time::Instant, u32)>>,
+    writing: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Refusals {
+    fn default() -> Self {
+        Refusals {
+            by_uid: Default::default(),
+            writing: std::sync::Arc::new(tokio::sync::Semaphore::new(REPORTS_AT_ONCE)),
+        }
+    }
+}
+
+const REFUSALS_REPORTED: u32 = 10;
+const REPORTS_AT_ONCE: usize = 4;
+
+impl Refusals {
+    fn note(&self, pool: &PgPool, nodes: &Nodes, uid: u32, booking: i64) {
+        let now = std::time::Instant::now();
+        let n = {
+            let mut m = self.by_uid.lock().unwrap_or_else(|e| e.into_inner());
+            if m.len() > 10_000 {
+                m.retain(|_, (at, _)| now.duration_since(*at).as_secs() < 60);
+            }
+            let e = m.entry(uid).or_insert((now, 0));
+            if now.duration_since(e.0).as_secs() >= 60 {
+                *e = (now, 0);
+            }
+            e.1 += 1;
+            e.1
+        };
+        if n > REFUSALS_REPORTED {
+            tracing::debug!(uid, refusals = n, "exec refusals over the reporting limit");
+            return;
+        }
+        let Ok(permit) = self.writing.clone().try_acquire_owned() else {
+            return;
+        };
+        let (pool, nodes) = (pool.clone(), nodes.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            suspect_refusal(&pool, &nodes, uid, booking).await;
+        });
     }
 }
 

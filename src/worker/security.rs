@@ -52,7 +52,8 @@ pub async fn run(
         tick.tick().await;
         match inspect_once(&pool, &node, backend.clone(), &layout).await {
             Ok(findings) => {
-                act(&pool, &node, &findings, response, grace, &mut done).await;
+                let prefix = layout.prefix_name();
+                act(&pool, &node, &prefix, &findings, response, grace, &mut done).await;
             }
             Err(e) => {
                 tracing::warn!(node = %node, error = format!("{e:#}"), "security round failed")
@@ -76,6 +77,19 @@ pub async fn inspect_once(
         .collect();
     let layout = layout.clone();
     let findings = tokio::task::spawn_blocking(move || {
+        // The devices' processes first, then the groups: a process that
+        // joins a booking in between is then seen in its group.
+        let mut listed: Vec<(Option<i64>, String, Vec<GpuProcess>)> = Vec::new();
+        for b in bookings.iter().filter(|b| b.kind == Kind::Mig) {
+            if let Ok(procs) = backend.processes(&b.device_uuid) {
+                listed.push((Some(b.id), b.device_uuid.clone(), procs));
+            }
+        }
+        for g in &gpus {
+            if let Ok(procs) = backend.processes(g) {
+                listed.push((None, g.clone(), procs));
+            }
+        }
         // Every process in some booking's group on this node.
         let mut in_group: HashMap<u32, i64> = HashMap::new();
         for id in layout.existing() {
@@ -100,15 +114,8 @@ pub async fn inspect_once(
         };
         // MIG devices first, so an intruder is charged to the booking whose
         // slice it uses; then whole GPUs (shares, free GPUs).
-        for b in bookings.iter().filter(|b| b.kind == Kind::Mig) {
-            if let Ok(procs) = backend.processes(&b.device_uuid) {
-                intruders(Some(b.id), &b.device_uuid, procs);
-            }
-        }
-        for g in &gpus {
-            if let Ok(procs) = backend.processes(g) {
-                intruders(None, g, procs);
-            }
+        for (booking, device, procs) in listed {
+            intruders(booking, &device, procs);
         }
         for b in &bookings {
             let owner = b
@@ -145,6 +152,59 @@ fn proc_uid(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Ends an intruding process through a pidfd (so a pid reused during the
+/// grace period is never signalled), after checking it is still outside
+/// every booking group (`prefix` in its cgroup path). SIGTERM, then
+/// SIGKILL after `grace`. Whether it was ended.
+fn end_intruder(pid: u32, grace: Duration, prefix: &str) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: the kernel just opened it for us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let in_booking = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|c| c.contains(&format!("/{prefix}/")))
+        .unwrap_or(true);
+    if in_booking {
+        return false;
+    }
+    let signal = |sig: libc::c_int| {
+        // SAFETY: a signal through a pidfd we own.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            ) == 0
+        }
+    };
+    if !signal(libc::SIGTERM) {
+        return false;
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if !signal(0) || process_gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(libc::SIGKILL);
+    true
+}
+
+/// Exited (gone, or a zombie waiting for its parent).
+fn process_gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
+        .unwrap_or(true)
+}
+
 /// The command name of a process, for the evidence.
 fn proc_comm(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -153,14 +213,19 @@ fn proc_comm(pid: u32) -> String {
 }
 
 /// Reports the findings and responds where the node is told to.
+#[allow(clippy::too_many_arguments)]
 pub async fn act(
     pool: &PgPool,
     node: &str,
+    prefix: &str,
     findings: &[Finding],
     response: Response,
     grace: Duration,
     done: &mut HashSet<(i64, u32)>,
 ) {
+    if done.len() > 10_000 {
+        done.clear();
+    }
     for f in findings {
         match f {
             Finding::Intruder {
@@ -189,14 +254,14 @@ pub async fn act(
                     continue;
                 };
                 if o.alerting && response.end_intruders && done.insert((o.incident_id, *pid)) {
-                    let procs = vec![GpuProcess {
-                        pid: *pid,
-                        used_memory_mib: *used_mib,
-                    }];
-                    let _ = tokio::task::spawn_blocking(move || {
-                        crate::gpu::backend::end_processes(&procs, grace)
-                    })
-                    .await;
+                    let (pid, prefix) = (*pid, prefix.to_string());
+                    let ended =
+                        tokio::task::spawn_blocking(move || end_intruder(pid, grace, &prefix))
+                            .await
+                            .unwrap_or(false);
+                    if !ended {
+                        continue;
+                    }
                     responded(
                         pool,
                         o.incident_id,
