@@ -106,6 +106,9 @@ impl Node {
         // Groups are confined to their booking's device files wherever
         // the node's device numbering is known.
         worker.devices = cgroups.as_ref().and_then(|_| backend.node_devices());
+        if cgroups.is_some() && worker.devices.is_none() {
+            tracing::warn!(node = %name, "the NVIDIA device numbering is unknown (no nvidia major in /proc/devices): bookings are not confined to their device files");
+        }
         let worker_limits = worker.limits();
         let mut tasks = vec![
             tokio::spawn(crate::worker::run_inventory(
