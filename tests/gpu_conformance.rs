@@ -868,3 +868,198 @@ fn device_files_agree_on_both_backends() {
     device_files_follow_nvidias_numbering(&b.with_devices(numbering));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------- what a real driver does (issue 20)
+
+/// The stand-in copy `lib` as a library, with the device handles of its GPUs.
+struct Driver {
+    lib: libloading::Library,
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl Driver {
+    fn open(lib: &std::path::Path) -> Driver {
+        Driver {
+            // SAFETY: the stand-in is a plain C library.
+            lib: unsafe { libloading::Library::new(lib).unwrap() },
+            nvml: nvml_wrapper::Nvml::builder()
+                .lib_path(lib.as_os_str())
+                .init()
+                .unwrap(),
+        }
+    }
+
+    fn handle(&self, i: u32) -> *mut std::ffi::c_void {
+        // SAFETY: a handle NVML gave out, used only with this library.
+        unsafe { self.nvml.device_by_index(i).unwrap().handle() as *mut std::ffi::c_void }
+    }
+
+    /// `gpusliceStandinConfigure`.
+    fn configure(&self, ci_busy_ms: u64, hidden: &str, unprivileged: bool) {
+        // SAFETY: the hook's prototype is (ulonglong, const char*, uint) -> uint.
+        unsafe {
+            let f: libloading::Symbol<
+                unsafe extern "C" fn(u64, *const std::ffi::c_char, u32) -> u32,
+            > = self.lib.get(b"gpusliceStandinConfigure").unwrap();
+            let h = std::ffi::CString::new(hidden).unwrap();
+            assert_eq!(f(ci_busy_ms, h.as_ptr(), u32::from(unprivileged)), 0);
+        }
+    }
+
+    /// `gpusliceStandinForeign`: a GPU instance with `n` compute instances
+    /// of compute-instance profile `ci_profile`, made behind our back.
+    fn foreign(&self, gpu: u32, profile_id: u32, start: u32, ci_profile: u32, n: u32) -> u32 {
+        // SAFETY: the hook's prototype is (device, uint, uint, uint, uint) -> uint.
+        unsafe {
+            let f: libloading::Symbol<
+                unsafe extern "C" fn(*mut std::ffi::c_void, u32, u32, u32, u32) -> u32,
+            > = self.lib.get(b"gpusliceStandinForeign").unwrap();
+            f(self.handle(gpu), profile_id, start, ci_profile, n)
+        }
+    }
+}
+
+#[test]
+fn destroy_waits_out_a_compute_instance_that_stays_busy() {
+    let (b, lib) = nvml();
+    let d = Driver::open(&lib);
+    d.configure(400, "", false);
+    let h100 = gpu(&b, "H100-80GB");
+    let inst = b
+        .create_instance(&h100.uuid, pid("H100-80GB", "1g.10gb"), pl(0, 1))
+        .unwrap();
+    let mut p = Command::new("sleep").arg("60").spawn().unwrap();
+    // SAFETY: the hook's prototype is (const char*, uint, ulonglong) -> uint.
+    unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(*const std::ffi::c_char, u32, u64) -> u32> =
+            d.lib.get(b"gpusliceStandinAttachProcess").unwrap();
+        let c = std::ffi::CString::new(inst.device_uuid.clone().unwrap()).unwrap();
+        assert_eq!(f(c.as_ptr(), p.id(), 1024), 0);
+    }
+    let started = std::time::Instant::now();
+    let ended = b
+        .destroy_instance(&h100.uuid, inst.gi_id, Duration::from_millis(200))
+        .unwrap();
+    let _ = p.wait();
+    assert_eq!(ended.len(), 1, "the process was ended");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "the compute instance was busy after its process and the destroy waited"
+    );
+    assert!(b.instances(&h100.uuid).unwrap().is_empty(), "none leaked");
+}
+
+#[test]
+fn instances_made_by_hand_are_seen_as_foreign_and_left_alone() {
+    let (b, lib) = nvml();
+    let d = Driver::open(&lib);
+    let h100 = gpu(&b, "H100-80GB");
+    // A 2g.20gb GPU instance at slices 2..4 with two 1-slice compute
+    // instances (`nvidia-smi mig -cgi 14 -C` then `-cci 0,0`).
+    assert_eq!(
+        d.foreign(h100.index, pid("H100-80GB", "2g.20gb"), 2, 0, 2),
+        0
+    );
+    let listed = b.instances(&h100.uuid).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let f = &listed[0];
+    assert!(f.foreign, "{f:?}");
+    assert_eq!(f.placement, pl(2, 2));
+    assert_eq!(f.device_uuid, None, "not one of gpuslice's devices");
+    // Its slots are taken: a create that overlaps them is refused by the
+    // driver, one beside them works.
+    assert!(b
+        .create_instance(&h100.uuid, pid("H100-80GB", "2g.20gb"), pl(2, 2))
+        .is_err());
+    let ours = b
+        .create_instance(&h100.uuid, pid("H100-80GB", "2g.20gb"), pl(0, 2))
+        .unwrap();
+    assert!(!ours.foreign);
+    let both = b.instances(&h100.uuid).unwrap();
+    assert_eq!(both.iter().filter(|i| i.foreign).count(), 1);
+    // The mode is not switched while instances exist.
+    let (switcher, _) = {
+        let lib2 = lib.clone();
+        (NvmlBackend::open(Some(&lib2), None, true).unwrap(), lib2)
+    };
+    assert_eq!(
+        code(switcher.switch_mig_mode(&h100.uuid, false).unwrap_err()),
+        19,
+        "IN_USE while instances exist"
+    );
+}
+
+#[test]
+fn a_profile_the_driver_does_not_know_is_skipped() {
+    let (b, lib) = nvml();
+    let d = Driver::open(&lib);
+    // An older driver without the A30's +me profiles.
+    d.configure(0, "1g.6gb+me,2g.12gb+me", false);
+    let a30 = gpu(&b, "A30-24GB");
+    let made = b
+        .create_instance(&a30.uuid, pid("A30-24GB", "1g.6gb"), pl(0, 1))
+        .unwrap();
+    let listed = b.instances(&a30.uuid).unwrap();
+    assert_eq!(
+        listed,
+        vec![made],
+        "the listing works past the unknown profiles"
+    );
+}
+
+/// The stand-in answers the raw C calls with NVML's codes.
+#[test]
+fn the_standin_answers_with_nvmls_codes() {
+    let (_b, lib) = nvml();
+    let d = Driver::open(&lib);
+    d.configure(0, "1g.6gb+me", false);
+    // SAFETY: prototypes as in nvml.h; out-pointers are live locals.
+    unsafe {
+        let info: libloading::Symbol<
+            unsafe extern "C" fn(*mut std::ffi::c_void, u32, *mut [u8; 64]) -> u32,
+        > = d.lib.get(b"nvmlDeviceGetGpuInstanceProfileInfo").unwrap();
+        let list: libloading::Symbol<
+            unsafe extern "C" fn(
+                *mut std::ffi::c_void,
+                u32,
+                *mut *mut std::ffi::c_void,
+                *mut u32,
+            ) -> u32,
+        > = d.lib.get(b"nvmlDeviceGetGpuInstances").unwrap();
+        let set_mode: libloading::Symbol<
+            unsafe extern "C" fn(*mut std::ffi::c_void, u32, *mut u32) -> u32,
+        > = d.lib.get(b"nvmlDeviceSetMigMode").unwrap();
+        let mut buf = [0u8; 64];
+        let h100 = d.handle(0);
+        // Enums end with INVALID_ARGUMENT; an enum the GPU lacks is NOT_SUPPORTED.
+        assert_eq!(info(h100, 0, &mut buf), 0);
+        assert_eq!(info(h100, 0xA, &mut buf), INVALID_ARGUMENT);
+        assert_eq!(
+            info(h100, 5, &mut buf),
+            NOT_SUPPORTED,
+            "no 8-slice profile on an H100"
+        );
+        // A profile id the driver does not know: INVALID_ARGUMENT.
+        let a30 = d.handle(2);
+        let mut gis = [std::ptr::null_mut(); 8];
+        let mut n = 8u32;
+        assert_eq!(
+            list(a30, pid("A30-24GB", "1g.6gb+me"), gis.as_mut_ptr(), &mut n),
+            INVALID_ARGUMENT
+        );
+        // A MIG mode change waits for a reset: RESET_REQUIRED (16).
+        let mut activation = 0u32;
+        assert_eq!(set_mode(h100, 0, &mut activation), 0);
+        assert_eq!(activation, 16);
+        assert_eq!(set_mode(h100, 1, &mut activation), 0);
+        assert_eq!(activation, 0, "back to the current mode: nothing pending");
+    }
+    d.configure(0, "", true);
+    let b = NvmlBackend::open(Some(&lib), None, false).unwrap();
+    let h100 = gpu(&b, "H100-80GB");
+    assert_eq!(
+        code(b.instances(&h100.uuid).unwrap_err()),
+        4,
+        "NO_PERMISSION"
+    );
+}

@@ -217,3 +217,58 @@ pub async fn lock_gpu(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<()> {
         .await?;
     Ok(())
 }
+
+/// A GPU instance made behind gpuslice's back, as reconcile records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignInstance {
+    pub gi_id: i32,
+    pub profile: String,
+    pub slice_start: i32,
+    pub slice_size: i32,
+    pub detail: String,
+}
+
+/// Makes the GPU's recorded foreign instances `now`; returns the ones that
+/// are new (to report).
+pub async fn set_foreign(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    gpu_uuid: &str,
+    now: &[ForeignInstance],
+) -> sqlx::Result<Vec<ForeignInstance>> {
+    let gis: Vec<i32> = now.iter().map(|f| f.gi_id).collect();
+    sqlx::query!(
+        "DELETE FROM foreign_instances f USING gpus g
+         WHERE g.id = f.gpu_id AND g.uuid = $1 AND NOT (f.gi_id = ANY($2))",
+        gpu_uuid,
+        &gis
+    )
+    .execute(&mut **tx)
+    .await?;
+    let mut new = Vec::new();
+    for f in now {
+        let inserted = sqlx::query_scalar!(
+            r#"INSERT INTO foreign_instances (gpu_id, gi_id, profile, slice_start, slice_size, detail)
+               SELECT id, $2, $3, $4, $5, $6 FROM gpus WHERE uuid = $1
+               ON CONFLICT (gpu_id, gi_id) DO UPDATE
+                 SET profile = EXCLUDED.profile, slice_start = EXCLUDED.slice_start,
+                     slice_size = EXCLUDED.slice_size, detail = EXCLUDED.detail
+                 WHERE (foreign_instances.profile, foreign_instances.slice_start,
+                        foreign_instances.slice_size, foreign_instances.detail)
+                       IS DISTINCT FROM (EXCLUDED.profile, EXCLUDED.slice_start,
+                                         EXCLUDED.slice_size, EXCLUDED.detail)
+               RETURNING (xmax = 0) AS "inserted!""#,
+            gpu_uuid,
+            f.gi_id,
+            f.profile,
+            f.slice_start,
+            f.slice_size,
+            f.detail
+        )
+        .fetch_optional(&mut **tx)
+        .await?;
+        if inserted == Some(true) {
+            new.push(f.clone());
+        }
+    }
+    Ok(new)
+}

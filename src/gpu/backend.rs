@@ -42,6 +42,11 @@ pub struct Instance {
     pub ci_id: Option<u32>,
     /// `MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, once a compute instance exists.
     pub device_uuid: Option<String>,
+    /// Made by someone else (`nvidia-smi`, another tool): not the one
+    /// full-size compute instance gpuslice makes, or a profile the catalog
+    /// lacks. Its slots are taken; reconcile reports it and leaves it.
+    #[serde(default)]
+    pub foreign: bool,
 }
 
 /// A process using a GPU or MIG device.

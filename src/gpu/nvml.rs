@@ -27,7 +27,7 @@ use super::backend::{
 };
 use super::catalog::{self, Model, Placement};
 
-use super::codes::{NOT_FOUND, NOT_SUPPORTED, SUCCESS};
+use super::codes::{INVALID_ARGUMENT, IN_USE, NOT_FOUND, NOT_SUPPORTED, SUCCESS};
 
 /// The GPUs of this node as NVML sees them.
 pub struct NvmlBackend {
@@ -40,6 +40,8 @@ pub struct NvmlBackend {
     events: std::sync::Mutex<Option<usize>>,
     /// The node's NVIDIA device numbering (`/proc/devices`, `mig-minors`).
     devices: Option<crate::sched::devices::NodeDevices>,
+    /// GPU-instance profiles per GPU uuid, as its driver reports them.
+    profiles: std::sync::Mutex<std::collections::HashMap<String, Vec<GiProfile>>>,
 }
 
 impl Drop for NvmlBackend {
@@ -59,6 +61,8 @@ const EVENT_DBE: u64 = 0x2;
 const EVENT_XID: u64 = 0x8;
 /// `NVML_ERROR_TIMEOUT`: no event came in time.
 const TIMEOUT: u32 = 10;
+/// `NVML_ERROR_RESET_REQUIRED`.
+const RESET_REQUIRED: u32 = 16;
 
 /// The compute-instance profile enum that spans a GPU instance of `slices`
 /// (`NVML_COMPUTE_INSTANCE_PROFILE_*_SLICE`).
@@ -130,6 +134,7 @@ impl NvmlBackend {
             allow_mode_change,
             events: std::sync::Mutex::new(None),
             devices: crate::sched::devices::NodeDevices::detect(),
+            profiles: Default::default(),
         })
     }
 
@@ -314,12 +319,59 @@ impl NvmlBackend {
         Ok(out)
     }
 
-    /// The compute instances of a GPU instance with its full-size profile.
+    /// The GPU-instance profiles this GPU's driver knows: every enum from
+    /// 0 until `NVML_ERROR_INVALID_ARGUMENT` (as `nvml.h` recommends; an
+    /// enum the GPU lacks is NOT_SUPPORTED), not only the catalog's, so
+    /// instances of any profile are seen. Asked once per GPU and kept.
+    fn gi_profiles(
+        &self,
+        uuid: &str,
+        dev: sys::nvmlDevice_t,
+    ) -> Result<Vec<GiProfile>, BackendError> {
+        if let Some(p) = self
+            .profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uuid)
+        {
+            return Ok(p.clone());
+        }
+        let info = self.raw(
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            &self.nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo,
+        )?;
+        let mut out = Vec::new();
+        for e in 0..MAX_PROFILE_ENUMS {
+            // SAFETY: `dev` came from NVML; `p` is a live local.
+            let (r, p) = unsafe {
+                let mut p: sys::nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+                (info(dev, e, &mut p), p)
+            };
+            match r {
+                INVALID_ARGUMENT => break,
+                NOT_SUPPORTED => continue,
+                _ => self.check("nvmlDeviceGetGpuInstanceProfileInfo", r)?,
+            }
+            out.push(GiProfile {
+                id: p.id,
+                slices: p.sliceCount,
+                memory_mib: p.memorySizeMB,
+            });
+        }
+        self.profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uuid.to_string(), out.clone());
+        Ok(out)
+    }
+
+    /// Every compute instance of a GPU instance, whatever its profile:
+    /// `(handle, ci id, compute slices)`. Compute-instance profile enums are
+    /// walked like GPU-instance ones.
     fn compute_instances(
         &self,
         gi: sys::nvmlGpuInstance_t,
-        slices: u8,
-    ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32)>, BackendError> {
+    ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32, u32)>, BackendError> {
         let lib = self.nvml.lib();
         let profile_info = self.raw(
             "nvmlGpuInstanceGetComputeInstanceProfileInfo",
@@ -333,32 +385,94 @@ impl NvmlBackend {
             "nvmlComputeInstanceGetInfo_v2",
             &lib.nvmlComputeInstanceGetInfo_v2,
         )?;
-        // SAFETY: as in `mig_uuids`.
-        unsafe {
-            let mut p: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
-            self.check(
-                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                profile_info(
+        let mut out = Vec::new();
+        for e in 0..MAX_PROFILE_ENUMS {
+            // SAFETY: as in `mig_uuids`.
+            unsafe {
+                let mut p: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+                let r = profile_info(
                     gi,
-                    ci_profile_enum(slices),
+                    e,
                     sys::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
                     &mut p,
-                ),
-            )?;
-            let mut cis: [sys::nvmlComputeInstance_t; 8] = [ptr::null_mut(); 8];
-            let mut count: c_uint = cis.len() as c_uint;
-            self.check(
-                "nvmlGpuInstanceGetComputeInstances",
-                list(gi, p.id, cis.as_mut_ptr(), &mut count),
-            )?;
-            let mut out = Vec::new();
-            for ci in &cis[..count as usize] {
-                let mut i: sys::nvmlComputeInstanceInfo_t = std::mem::zeroed();
-                self.check("nvmlComputeInstanceGetInfo_v2", info(*ci, &mut i))?;
-                out.push((*ci, i.id));
+                );
+                match r {
+                    INVALID_ARGUMENT => break,
+                    NOT_SUPPORTED => continue,
+                    _ => self.check("nvmlGpuInstanceGetComputeInstanceProfileInfo", r)?,
+                }
+                let mut cis: [sys::nvmlComputeInstance_t; 8] = [ptr::null_mut(); 8];
+                let mut count: c_uint = cis.len() as c_uint;
+                self.check(
+                    "nvmlGpuInstanceGetComputeInstances",
+                    list(gi, p.id, cis.as_mut_ptr(), &mut count),
+                )?;
+                for ci in &cis[..(count as usize).min(cis.len())] {
+                    let mut i: sys::nvmlComputeInstanceInfo_t = std::mem::zeroed();
+                    self.check("nvmlComputeInstanceGetInfo_v2", info(*ci, &mut i))?;
+                    out.push((*ci, i.id, p.sliceCount));
+                }
             }
-            Ok(out)
         }
+        Ok(out)
+    }
+
+    /// One GPU instance as an [`Instance`]: its profile by the catalog
+    /// (or `unknown-<id>`), its compute instance, and whether it is
+    /// foreign — not the one full-size compute instance gpuslice makes.
+    #[allow(clippy::too_many_arguments)]
+    fn describe(
+        &self,
+        uuid: &str,
+        model: &Model,
+        profiles: &[GiProfile],
+        uuids: &[(u32, u32, String)],
+        gi: sys::nvmlGpuInstance_t,
+    ) -> Result<Instance, BackendError> {
+        let get_info = self.raw(
+            "nvmlGpuInstanceGetInfo",
+            &self.nvml.lib().nvmlGpuInstanceGetInfo,
+        )?;
+        // SAFETY: `gi` came from NVML; `info` is a live local.
+        let info = unsafe {
+            let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
+            self.check("nvmlGpuInstanceGetInfo", get_info(gi, &mut info))?;
+            info
+        };
+        let slices = profiles
+            .iter()
+            .find(|p| p.id == info.profileId)
+            .map(|p| p.slices);
+        let cis = self.compute_instances(gi)?;
+        let catalog = model.profile_by_id(info.profileId);
+        let full = match (&cis[..], slices) {
+            ([(_, ci, s)], Some(gs)) if *s == gs => Some(*ci),
+            _ => None,
+        };
+        // No compute instance at all is gpuslice's own unfinished work (a
+        // create or destroy cut short), which reconcile finishes.
+        let foreign = catalog.is_none() || (!cis.is_empty() && full.is_none());
+        let device_uuid = full.and_then(|c| {
+            uuids
+                .iter()
+                .find(|(g, cc, _)| *g == info.id && *cc == c)
+                .map(|x| x.2.clone())
+        });
+        Ok(Instance {
+            gpu_uuid: uuid.to_string(),
+            gi_id: info.id,
+            profile_id: info.profileId,
+            profile: catalog
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| format!("unknown-{}", info.profileId)),
+            placement: Placement {
+                start: info.placement.start as u8,
+                size: info.placement.size as u8,
+            },
+            ci_id: full,
+            device_uuid,
+            foreign,
+        })
     }
 
     fn list_instances(
@@ -369,55 +483,99 @@ impl NvmlBackend {
         let model = self.model_of(&d)?;
         let lib = self.nvml.lib();
         let list = self.raw("nvmlDeviceGetGpuInstances", &lib.nvmlDeviceGetGpuInstances)?;
-        let get_info = self.raw("nvmlGpuInstanceGetInfo", &lib.nvmlGpuInstanceGetInfo)?;
         // SAFETY: `handle` is the raw handle of a device of this Nvml.
         let dev = unsafe { d.handle() };
+        let profiles = self.gi_profiles(uuid, dev)?;
         let uuids = self.mig_uuids(dev)?;
         let mut out = Vec::new();
-        for p in &model.profiles {
+        for p in &profiles {
             // SAFETY: as in `mig_uuids`.
-            unsafe {
+            let gis = unsafe {
                 let mut gis: [sys::nvmlGpuInstance_t; 8] = [ptr::null_mut(); 8];
                 let mut count: c_uint = gis.len() as c_uint;
-                let r = list(dev, p.nvml_id, gis.as_mut_ptr(), &mut count);
-                if r == NOT_SUPPORTED {
+                let r = list(dev, p.id, gis.as_mut_ptr(), &mut count);
+                // A profile id this driver does not know (older drivers lack
+                // some `+me` profiles): skipped, the listing goes on.
+                if r == INVALID_ARGUMENT || r == NOT_SUPPORTED {
+                    tracing::debug!(gpu = %uuid, profile_id = p.id, code = r, "GPU-instance profile not listable; skipped");
                     continue;
                 }
                 self.check("nvmlDeviceGetGpuInstances", r)?;
-                for gi in &gis[..count as usize] {
-                    let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
-                    self.check("nvmlGpuInstanceGetInfo", get_info(*gi, &mut info))?;
-                    let ci = self
-                        .compute_instances(*gi, p.compute_slices)?
-                        .first()
-                        .map(|c| c.1);
-                    let device_uuid = ci.and_then(|c| {
-                        uuids
-                            .iter()
-                            .find(|(g, cc, _)| *g == info.id && *cc == c)
-                            .map(|x| x.2.clone())
-                    });
-                    out.push((
-                        *gi,
-                        Instance {
-                            gpu_uuid: uuid.to_string(),
-                            gi_id: info.id,
-                            profile_id: info.profileId,
-                            profile: p.name.clone(),
-                            placement: Placement {
-                                start: info.placement.start as u8,
-                                size: info.placement.size as u8,
-                            },
-                            ci_id: ci,
-                            device_uuid,
-                        },
-                    ));
-                }
+                gis[..(count as usize).min(gis.len())].to_vec()
+            };
+            for gi in gis {
+                out.push((gi, self.describe(uuid, model, &profiles, &uuids, gi)?));
             }
         }
         out.sort_by_key(|(_, i)| i.placement.start);
         Ok(out)
     }
+
+    /// A GPU instance by id (`nvmlDeviceGetGpuInstanceById`), without a
+    /// walk of every instance.
+    fn instance_by_id(
+        &self,
+        uuid: &str,
+        gi_id: u32,
+    ) -> Result<(sys::nvmlGpuInstance_t, Instance), BackendError> {
+        let d = self.device(uuid)?;
+        let model = self.model_of(&d)?;
+        let by_id = self.raw(
+            "nvmlDeviceGetGpuInstanceById",
+            &self.nvml.lib().nvmlDeviceGetGpuInstanceById,
+        )?;
+        // SAFETY: as in `mig_uuids`.
+        let (dev, gi) = unsafe {
+            let dev = d.handle();
+            let mut gi: sys::nvmlGpuInstance_t = ptr::null_mut();
+            let r = by_id(dev, gi_id, &mut gi);
+            if r == NOT_FOUND || r == INVALID_ARGUMENT {
+                return Err(BackendError::NoSuchInstance(uuid.to_string(), gi_id));
+            }
+            self.check("nvmlDeviceGetGpuInstanceById", r)?;
+            (dev, gi)
+        };
+        let profiles = self.gi_profiles(uuid, dev)?;
+        let uuids = self.mig_uuids(dev)?;
+        Ok((gi, self.describe(uuid, model, &profiles, &uuids, gi)?))
+    }
+
+    /// Runs `call` until it stops answering `NVML_ERROR_IN_USE`, with
+    /// backoff from 50 ms to 1 s, for at most `patience`.
+    fn until_not_in_use(
+        &self,
+        name: &'static str,
+        patience: Duration,
+        mut call: impl FnMut() -> u32,
+    ) -> Result<(), BackendError> {
+        let deadline = std::time::Instant::now() + patience;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let r = call();
+            if r != IN_USE || std::time::Instant::now() >= deadline {
+                return self.check(name, r);
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// How long a destroy waits out `NVML_ERROR_IN_USE` after the device's
+/// processes are gone.
+pub const DESTROY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Profile enums walked at most (the driver ends the walk earlier with
+/// INVALID_ARGUMENT).
+const MAX_PROFILE_ENUMS: u32 = 64;
+
+/// A GPU-instance profile as the driver reports it.
+#[derive(Debug, Clone)]
+struct GiProfile {
+    id: u32,
+    slices: u32,
+    #[allow(dead_code)]
+    memory_mib: u64,
 }
 
 impl GpuBackend for NvmlBackend {
@@ -481,10 +639,9 @@ impl GpuBackend for NvmlBackend {
             "nvmlGpuInstanceCreateComputeInstance",
             &lib.nvmlGpuInstanceCreateComputeInstance,
         )?;
-        let slices = model
-            .profile_by_id(profile_id)
-            .map(|p| p.compute_slices)
-            .unwrap_or(1);
+        // No guessing: a profile the catalog cannot size gets no compute
+        // instance (checked once the driver has said what it thinks of it).
+        let slices = model.profile_by_id(profile_id).map(|p| p.compute_slices);
         // SAFETY: as in `mig_uuids`.
         let gi_id = unsafe {
             let dev = d.handle();
@@ -499,8 +656,15 @@ impl GpuBackend for NvmlBackend {
             )?;
             let mut p: sys::nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
             let mut ci: sys::nvmlComputeInstance_t = ptr::null_mut();
-            let made = self
-                .check(
+            let made = slices
+                .ok_or_else(|| {
+                    BackendError::Driver(format!(
+                        "profile id {profile_id} is not in the catalog for {}; its compute slices are unknown",
+                        model.id
+                    ))
+                })
+                .and_then(|slices| {
+                    self.check(
                     "nvmlGpuInstanceGetComputeInstanceProfileInfo",
                     ci_info(
                         gi,
@@ -509,6 +673,7 @@ impl GpuBackend for NvmlBackend {
                         &mut p,
                     ),
                 )
+                })
                 .and_then(|_| {
                     self.check(
                         "nvmlGpuInstanceCreateComputeInstance",
@@ -516,8 +681,15 @@ impl GpuBackend for NvmlBackend {
                     )
                 });
             if let Err(e) = made {
-                // No half-made instance is left behind.
-                let _ = destroy_gi(gi);
+                // No half-made instance is left behind; if the driver will
+                // not take it back, reconcile does later.
+                let r = destroy_gi(gi);
+                if r != SUCCESS {
+                    tracing::warn!(gpu = %gpu_uuid, code = r, "a half-made GPU instance could not be destroyed; reconcile removes it");
+                    return Err(BackendError::Driver(format!(
+                        "{e}; the half-made GPU instance could not be destroyed (NVML code {r}) and is left for reconcile"
+                    )));
+                }
                 return Err(e);
             }
             let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
@@ -539,36 +711,46 @@ impl GpuBackend for NvmlBackend {
         grace: Duration,
     ) -> Result<Vec<GpuProcess>, BackendError> {
         self.check_managed(gpu_uuid)?;
-        let found = self
-            .list_instances(gpu_uuid)?
-            .into_iter()
-            .find(|(_, i)| i.gi_id == gi_id)
-            .ok_or_else(|| BackendError::NoSuchInstance(gpu_uuid.to_string(), gi_id))?;
-        let (gi, inst) = found;
+        let (gi, inst) = self.instance_by_id(gpu_uuid, gi_id)?;
         let holders = match &inst.device_uuid {
             Some(u) => self.processes(u)?,
             None => Vec::new(),
         };
         if !holders.is_empty() {
             end_processes(&holders, grace);
+            // The driver lists a process until its context is torn down.
+            if let Some(u) = &inst.device_uuid {
+                let deadline = std::time::Instant::now() + grace + Duration::from_secs(5);
+                while std::time::Instant::now() < deadline
+                    && self.processes(u).is_ok_and(|p| !p.is_empty())
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
         }
-        let slices = catalog::models()
-            .iter()
-            .find_map(|m| m.profile(&inst.profile))
-            .map(|p| p.compute_slices)
-            .unwrap_or(1);
         let lib = self.nvml.lib();
         let destroy_ci = self.raw(
             "nvmlComputeInstanceDestroy",
             &lib.nvmlComputeInstanceDestroy,
         )?;
         let destroy_gi = self.raw("nvmlGpuInstanceDestroy", &lib.nvmlGpuInstanceDestroy)?;
-        for (ci, _) in self.compute_instances(gi, slices)? {
-            // SAFETY: `ci` came from NVML for this GPU instance.
-            self.check("nvmlComputeInstanceDestroy", unsafe { destroy_ci(ci) })?;
+        // A compute instance may stay busy a while after its last process
+        // (NVIDIA's drivers on H100 and H200): IN_USE is waited out.
+        for (ci, _, _) in self.compute_instances(gi)? {
+            self.until_not_in_use("nvmlComputeInstanceDestroy", DESTROY_PATIENCE, || {
+                // SAFETY: `ci` came from NVML for this GPU instance.
+                unsafe { destroy_ci(ci) }
+            })?;
         }
-        // SAFETY: `gi` came from NVML for this GPU.
-        self.check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })?;
+        self.until_not_in_use("nvmlGpuInstanceDestroy", DESTROY_PATIENCE, || {
+            // SAFETY: `gi` came from NVML for this GPU.
+            unsafe { destroy_gi(gi) }
+        })
+        .map_err(|e| {
+            BackendError::Driver(format!(
+                "{e}; GPU instance {gi_id} is left without compute instances and the next reconcile removes it"
+            ))
+        })?;
         Ok(holders)
     }
 
@@ -767,6 +949,13 @@ impl GpuBackend for NvmlBackend {
             ));
         }
         let d = self.device(gpu_uuid)?;
+        if d.mig_mode().is_ok_and(|m| m.current == 1)
+            && !self.list_instances(gpu_uuid)?.is_empty()
+        {
+            return Err(BackendError::NotEmpty {
+                gpu: gpu_uuid.to_string(),
+            });
+        }
         let set = self.raw(
             "nvmlDeviceSetMigMode",
             &self.nvml.lib().nvmlDeviceSetMigMode,
@@ -776,9 +965,25 @@ impl GpuBackend for NvmlBackend {
         self.check("nvmlDeviceSetMigMode", unsafe {
             set(d.handle(), u32::from(enabled), &mut activation)
         })?;
-        // A non-success activation status means "pending until reset",
-        // which the inventory reports as mig_pending.
-        Ok(())
+        self.profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(gpu_uuid);
+        match activation {
+            SUCCESS => Ok(()),
+            // Pending until the GPU is reset (A100, or clients attached):
+            // the inventory reports it as mig_pending.
+            RESET_REQUIRED => {
+                tracing::info!(gpu = %gpu_uuid, "MIG mode change pending until the GPU is reset");
+                Ok(())
+            }
+            IN_USE => Err(BackendError::Driver(
+                "another client holds the GPU (NVML_ERROR_IN_USE): the MIG mode change waits until it lets go and the GPU is reset".into(),
+            )),
+            code => Err(BackendError::Driver(format!(
+                "the MIG mode change was not activated (NVML code {code})"
+            ))),
+        }
     }
 }
 

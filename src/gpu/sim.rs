@@ -591,6 +591,7 @@ fn to_instance(g: &SimGpu, i: &SimInstance) -> Instance {
         placement: i.placement,
         ci_id: i.ci_id,
         device_uuid: i.device_uuid.clone(),
+        foreign: false,
     }
 }
 

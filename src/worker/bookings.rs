@@ -228,7 +228,76 @@ fn placement_of(b: &db::bookings::Booking) -> anyhow::Result<(u32, Placement)> {
 fn find_at(instances: &[Instance], profile_id: u32, placement: Placement) -> Option<&Instance> {
     instances
         .iter()
-        .find(|i| i.profile_id == profile_id && i.placement == placement)
+        .find(|i| !i.foreign && i.profile_id == profile_id && i.placement == placement)
+}
+
+/// Records a GPU's foreign instances (made by `nvidia-smi` or another
+/// tool): their slots count as taken for placement, they are never
+/// destroyed, and a new one is logged and audited once.
+async fn record_foreign(
+    pool: &PgPool,
+    node: &str,
+    gpu: &str,
+    model: Option<&str>,
+    instances: &[Instance],
+) -> anyhow::Result<()> {
+    let model = model.and_then(catalog::model);
+    let now: Vec<db::fleet::ForeignInstance> = instances
+        .iter()
+        .filter(|i| i.foreign)
+        .map(|i| {
+            // The catalog profile whose slots it takes: its own, else one
+            // of the same size.
+            let profile = model
+                .and_then(|m| {
+                    m.profile(&i.profile).or_else(|| {
+                        m.profiles
+                            .iter()
+                            .find(|p| p.memory_slices == i.placement.size)
+                    })
+                })
+                .map(|p| p.name.clone())
+                .unwrap_or_else(|| i.profile.clone());
+            db::fleet::ForeignInstance {
+                gi_id: i.gi_id as i32,
+                profile,
+                slice_start: i32::from(i.placement.start),
+                slice_size: i32::from(i.placement.size),
+                detail: format!(
+                    "GPU instance {} ({}, profile id {}) at memory slices {}..{}{}",
+                    i.gi_id,
+                    i.profile,
+                    i.profile_id,
+                    i.placement.start,
+                    i.placement.end(),
+                    if i.ci_id.is_none() {
+                        ", not gpuslice's layout of compute instances"
+                    } else {
+                        ""
+                    }
+                ),
+            }
+        })
+        .collect();
+    let mut tx = pool.begin().await?;
+    let new = db::fleet::set_foreign(&mut tx, gpu, &now).await?;
+    for f in &new {
+        tracing::warn!(node = %node, gpu = %gpu, instance = %f.detail, "a GPU instance gpuslice did not make: its slots are left alone and count as taken");
+        db::audit::record(
+            &mut *tx,
+            &db::audit::Actor {
+                user_id: None,
+                email: Some(actor(node)),
+                client_addr: None,
+            },
+            "reconcile.foreign_instance",
+            gpu,
+            serde_json::json!({ "instance": f.detail, "profile": f.profile }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 async fn provision(
@@ -402,7 +471,7 @@ pub async fn reconcile(
         let mut out = Vec::new();
         for g in be.inventory()? {
             if g.mig_current {
-                out.push((g.uuid.clone(), be.instances(&g.uuid)?));
+                out.push((g.uuid.clone(), g.model.clone(), be.instances(&g.uuid)?));
             }
         }
         Ok(out)
@@ -410,8 +479,9 @@ pub async fn reconcile(
     .await??;
     let mut removed = 0;
     let mut recreated = 0;
-    for (gpu, instances) in &hardware {
-        for inst in instances {
+    for (gpu, model, instances) in &hardware {
+        record_foreign(pool, node, gpu, model.as_deref(), instances).await?;
+        for inst in instances.iter().filter(|i| !i.foreign) {
             let owned = holders.iter().any(|h| {
                 h.gpu_uuid == *gpu
                     && h.profile == inst.profile
@@ -443,6 +513,15 @@ pub async fn reconcile(
         }
         for h in &holders {
             if h.gpu_uuid != *gpu || h.status != Status::Active {
+                continue;
+            }
+            // A booking whose slot someone else took by hand is not
+            // recreated into it (the create would collide).
+            if instances.iter().any(|i| {
+                i.foreign
+                    && i32::from(i.placement.start) <= h.slice_start
+                    && h.slice_start < i32::from(i.placement.end())
+            }) {
                 continue;
             }
             let present = instances

@@ -89,12 +89,18 @@ pub struct Placed {
 pub async fn placed_live(db: impl PgExecutor<'_>, kind: Option<Kind>) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
         Placed,
-        r#"SELECT id, gpu_id AS "gpu_id!", kind AS "kind: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib, extract(epoch FROM lower(during))::bigint AS "start!",
+        r#"SELECT id AS "id!", gpu_id AS "gpu_id!", kind AS "kind!: Kind", profile, lower(slices) AS slice_start,
+                  memory_gib AS "memory_gib!", extract(epoch FROM lower(during))::bigint AS "start!",
                   extract(epoch FROM upper(during))::bigint AS "end!"
            FROM bookings
            WHERE status = ANY($2)
-             AND gpu_id IS NOT NULL AND upper(during) > now() AND ($1::text IS NULL OR kind = $1)"#,
+             AND gpu_id IS NOT NULL AND upper(during) > now() AND ($1::text IS NULL OR kind = $1)
+           UNION ALL
+           -- Instances made behind gpuslice's back hold their slots for good.
+           SELECT -f.gi_id::bigint, f.gpu_id, 'mig', f.profile, f.slice_start, 0,
+                  extract(epoch FROM f.seen_at)::bigint, 253402300799
+           FROM foreign_instances f
+           WHERE $1::text IS NULL OR $1 = 'mig'"#,
         kind.map(Kind::as_str),
         &placed()[..]
     )
@@ -106,11 +112,15 @@ pub async fn placed_live(db: impl PgExecutor<'_>, kind: Option<Kind>) -> sqlx::R
 pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
         Placed,
-        r#"SELECT id, gpu_id AS "gpu_id!", kind AS "kind: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib, extract(epoch FROM lower(during))::bigint AS "start!",
+        r#"SELECT id AS "id!", gpu_id AS "gpu_id!", kind AS "kind!: Kind", profile, lower(slices) AS slice_start,
+                  memory_gib AS "memory_gib!", extract(epoch FROM lower(during))::bigint AS "start!",
                   extract(epoch FROM upper(during))::bigint AS "end!"
            FROM bookings
-           WHERE status = ANY($2) AND gpu_id = $1 AND upper(during) > now()"#,
+           WHERE status = ANY($2) AND gpu_id = $1 AND upper(during) > now()
+           UNION ALL
+           SELECT -f.gi_id::bigint, f.gpu_id, 'mig', f.profile, f.slice_start, 0,
+                  extract(epoch FROM f.seen_at)::bigint, 253402300799
+           FROM foreign_instances f WHERE f.gpu_id = $1"#,
         gpu_id,
         &placed()[..]
     )

@@ -17,6 +17,24 @@
 //! (`gpuslice::gpu::sim::Staged`), so both backends report alike; XID and
 //! double-bit ECC errors arrive through NVML's event-set calls.
 //!
+//! Like a real driver, and unlike a friendly mock:
+//! - a compute instance stays busy (`NVML_ERROR_IN_USE`) for
+//!   `GPUSLICE_STANDIN_CI_BUSY_MS` milliseconds after its processes are
+//!   gone, as NVIDIA's drivers do on H100 and H200 (DCGM reports IN_USE
+//!   with no process visible);
+//! - GPU-instance profile enums end at `NVML_GPU_INSTANCE_PROFILE_COUNT`
+//!   (0xA in the `nvml.h` NVIDIA's go-nvml vendors) with
+//!   `NVML_ERROR_INVALID_ARGUMENT`; a profile this "driver" does not know
+//!   (`GPUSLICE_STANDIN_HIDE_PROFILES`, comma-separated names, as older
+//!   drivers lack some A30 `+me` profiles) is NOT_SUPPORTED by enum and
+//!   INVALID_ARGUMENT by id;
+//! - every compute-instance profile that fits a GPU instance is offered,
+//!   so instances made behind gpuslice's back (`gpusliceStandinForeign`:
+//!   a GPU instance with several small compute instances, as
+//!   `nvidia-smi mig -cgi … -cci 1c…` makes) are real;
+//! - a MIG mode change reports `NVML_ERROR_RESET_REQUIRED` (16) as its
+//!   activation status until the GPU is reset.
+//!
 //! Extra symbols let tests play the world outside NVML:
 //! `gpusliceStandinAttachProcess` (a process starts on a device),
 //! `gpusliceStandinReset` (a GPU reset applies a pending MIG mode),
@@ -40,6 +58,12 @@ const NOT_SUPPORTED: Ret = 3;
 const NOT_FOUND: Ret = 6;
 const INSUFFICIENT_SIZE: Ret = 7;
 const IN_USE: Ret = 19;
+const RESET_REQUIRED: Ret = 16;
+const NO_PERMISSION: Ret = 4;
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` and `NVML_COMPUTE_INSTANCE_PROFILE_COUNT`
+/// of the `nvml.h` this stand-in follows.
+const GI_PROFILE_COUNT: c_uint = 0xA;
+const CI_PROFILE_COUNT: c_uint = 0x8;
 const TIMEOUT: Ret = 10;
 const GPU_IS_LOST: Ret = 15;
 const INSUFFICIENT_RESOURCES: Ret = 23;
@@ -57,6 +81,10 @@ struct Ci {
     profile_id: u32,
     uuid: String,
     processes: Vec<Proc>,
+    /// When its processes were first seen gone (ms since the epoch): it
+    /// stays busy `GPUSLICE_STANDIN_CI_BUSY_MS` longer.
+    #[serde(default)]
+    idle_since_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,6 +118,40 @@ struct State {
     path: Option<String>,
     #[serde(skip)]
     inits: u32,
+    #[serde(skip)]
+    config: Config,
+}
+
+/// How driver-like this copy behaves: from the environment at load, or set
+/// by a test through `gpusliceStandinConfigure` (each loaded copy has its own).
+#[derive(Debug, Clone, Default)]
+struct Config {
+    /// `GPUSLICE_STANDIN_CI_BUSY_MS`.
+    ci_busy_ms: u64,
+    /// `GPUSLICE_STANDIN_HIDE_PROFILES`.
+    hidden: Vec<String>,
+    /// `GPUSLICE_STANDIN_UNPRIVILEGED`: privileged MIG queries answer
+    /// NVML_ERROR_NO_PERMISSION, as for a user without root.
+    unprivileged: bool,
+}
+
+impl Config {
+    fn from_env() -> Config {
+        Config {
+            ci_busy_ms: std::env::var("GPUSLICE_STANDIN_CI_BUSY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            hidden: std::env::var("GPUSLICE_STANDIN_HIDE_PROFILES")
+                .map(|v| v.split(',').map(|h| h.trim().to_string()).collect())
+                .unwrap_or_default(),
+            unprivileged: std::env::var_os("GPUSLICE_STANDIN_UNPRIVILEGED").is_some(),
+        }
+    }
+
+    fn hidden(&self, name: &str) -> bool {
+        self.hidden.iter().any(|h| h == name)
+    }
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -138,6 +200,7 @@ fn load() -> Result<State, String> {
         gpus,
         path,
         inits: 0,
+        config: Config::from_env(),
     })
 }
 
@@ -201,6 +264,36 @@ fn model(g: &Gpu) -> &'static catalog::Model {
     catalog::model(&g.model).unwrap_or_else(|| &catalog::models()[0])
 }
 
+/// A GPU-instance profile id the driver knows on this GPU.
+fn known(cfg: &Config, g: &Gpu, profile_id: u32) -> Option<&'static catalog::Profile> {
+    model(g)
+        .profile_by_id(profile_id)
+        .filter(|p| !cfg.hidden(&p.name))
+}
+
+/// Compute slices of compute-instance profile enum `e`
+/// (`NVML_COMPUTE_INSTANCE_PROFILE_*`: 1, 2, 3, 4, 7, 8, 6 slices, then
+/// 1_SLICE_REV1).
+fn ci_enum_slices(e: c_uint) -> Option<u8> {
+    match e {
+        0 => Some(1),
+        1 => Some(2),
+        2 => Some(3),
+        3 => Some(4),
+        4 => Some(7),
+        5 => Some(8),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 unsafe fn write_str(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
     if buf.is_null() {
         return INVALID_ARGUMENT;
@@ -234,19 +327,6 @@ unsafe fn fill(
         *out.add(i) = *h;
     }
     SUCCESS
-}
-
-/// The compute-instance profile that spans a GPU instance of `slices`.
-fn ci_profile_for(slices: u8) -> u32 {
-    match slices {
-        1 => 0,
-        2 => 1,
-        3 => 2,
-        4 => 3,
-        7 => 4,
-        6 => 6,
-        _ => 5,
-    }
 }
 
 // ------------------------------------------------------------------ init
@@ -552,7 +632,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         *activation = if g.mig_pending == g.mig_current {
             SUCCESS
         } else {
-            21 /* RESET_REQUIRED */
+            RESET_REQUIRED
         };
         SUCCESS
     })
@@ -690,10 +770,17 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     info: *mut GiProfileInfo,
 ) -> Ret {
     with(|s| {
+        let cfg = s.config.clone();
         let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
             return INVALID_ARGUMENT;
         };
-        let Some(p) = model(g).profile_by_enum(profile) else {
+        if profile >= GI_PROFILE_COUNT {
+            return INVALID_ARGUMENT;
+        }
+        let Some(p) = model(g)
+            .profile_by_enum(profile)
+            .filter(|p| !cfg.hidden(&p.name))
+        else {
             return NOT_SUPPORTED;
         };
         *info = GiProfileInfo {
@@ -730,6 +817,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     count: *mut c_uint,
 ) -> Ret {
     with(|s| {
+        if s.config.unprivileged {
+            return NO_PERMISSION;
+        }
         let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
             return INVALID_ARGUMENT;
         };
@@ -846,11 +936,15 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
 ) -> Ret {
     with(|s| {
         let (_, gidx, _, _) = decode(device);
+        let cfg = s.config.clone();
+        if cfg.unprivileged {
+            return NO_PERMISSION;
+        }
         let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
             return INVALID_ARGUMENT;
         };
-        if model(g).profile_by_id(profile_id).is_none() {
-            return NOT_SUPPORTED;
+        if known(&cfg, g, profile_id).is_none() {
+            return INVALID_ARGUMENT;
         }
         let ids: Vec<u32> = g
             .gis
@@ -949,8 +1043,9 @@ pub struct CiProfileInfo {
     shared_ofa_count: c_uint,
 }
 
-/// Only the compute-instance profile spanning the whole GPU instance is
-/// offered: gpuslice gives each booking a whole GPU instance.
+/// Every compute-instance profile no larger than the GPU instance (by
+/// enum; the profile id is the enum, as on NVIDIA's drivers); enums past
+/// the count are INVALID_ARGUMENT.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
     gi: *mut std::ffi::c_void,
@@ -969,14 +1064,17 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceProfileInfo(
         let Some(p) = m.profile_by_id(x.profile_id) else {
             return UNKNOWN;
         };
-        if eng_profile != 0 || profile != ci_profile_for(p.compute_slices) {
-            return NOT_SUPPORTED;
+        if profile >= CI_PROFILE_COUNT || eng_profile != 0 {
+            return INVALID_ARGUMENT;
         }
+        let Some(slices) = ci_enum_slices(profile).filter(|c| *c <= p.compute_slices) else {
+            return NOT_SUPPORTED;
+        };
         *info = CiProfileInfo {
             id: profile,
-            slice_count: u32::from(p.compute_slices),
-            instance_count: 1,
-            multiprocessor_count: 16 * u32::from(p.compute_slices),
+            slice_count: u32::from(slices),
+            instance_count: u32::from(p.compute_slices / slices),
+            multiprocessor_count: 16 * u32::from(slices),
             shared_copy_engine_count: 1,
             shared_decoder_count: 0,
             shared_encoder_count: 0,
@@ -1005,18 +1103,26 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
         let Some(p) = m.profile_by_id(x.profile_id) else {
             return UNKNOWN;
         };
-        if profile_id != ci_profile_for(p.compute_slices) {
+        let Some(slices) = ci_enum_slices(profile_id).filter(|c| *c <= p.compute_slices) else {
             return NOT_SUPPORTED;
-        }
-        if !x.cis.is_empty() {
+        };
+        let used: u8 = x
+            .cis
+            .iter()
+            .filter_map(|c| ci_enum_slices(c.profile_id))
+            .sum();
+        if used + slices > p.compute_slices {
             return INSUFFICIENT_RESOURCES;
         }
-        let ci_id = 0;
+        let ci_id = (0..)
+            .find(|i| !x.cis.iter().any(|c| c.id == *i))
+            .unwrap_or(0);
         x.cis.push(Ci {
             id: ci_id,
             profile_id,
             uuid: format!("MIG-{}", uuid::Uuid::new_v4()),
             processes: Vec::new(),
+            idle_since_ms: None,
         });
         *ci = handle(TAG_CI, gidx, id, ci_id);
         SUCCESS
@@ -1100,6 +1206,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: *mut std::ffi::c_void) -> Ret {
     with(|s| {
+        let busy_ms = s.config.ci_busy_ms;
         let Some((g, gi, cid)) = gpu_of(s, ci, TAG_CI) else {
             return INVALID_ARGUMENT;
         };
@@ -1109,9 +1216,18 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: *mut std::ffi::c_void) -
         let Some(pos) = x.cis.iter().position(|c| c.id == cid) else {
             return NOT_FOUND;
         };
-        let alive = x.cis[pos].processes.iter().any(|p| process_alive(p.pid));
-        if alive {
+        let c = &mut x.cis[pos];
+        if c.processes.iter().any(|p| process_alive(p.pid)) {
+            c.idle_since_ms = None;
             return IN_USE;
+        }
+        // Busy a while longer after its last process, like a real driver.
+        let busy = busy_ms;
+        if busy > 0 && !c.processes.is_empty() {
+            let since = *c.idle_since_ms.get_or_insert_with(now_ms);
+            if now_ms() < since + busy {
+                return IN_USE;
+            }
         }
         x.cis.remove(pos);
         SUCCESS
@@ -1459,6 +1575,87 @@ pub unsafe extern "C" fn gpusliceStandinAttachProcess(
         }
         NOT_FOUND
     })
+}
+
+/// Test hook: somebody else (`nvidia-smi mig -cgi … -cci …`) makes a GPU
+/// instance of `profile_id` at `start` with `ci_count` compute instances
+/// of compute-instance profile `ci_profile`, behind gpuslice's back.
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinForeign(
+    device: *mut std::ffi::c_void,
+    profile_id: c_uint,
+    start: c_uint,
+    ci_profile: c_uint,
+    ci_count: c_uint,
+) -> Ret {
+    with(|s| {
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        let m = model(g);
+        let Some(p) = m.profile_by_id(profile_id) else {
+            return INVALID_ARGUMENT;
+        };
+        let pl = Placement {
+            start: start as u8,
+            size: p.memory_slices,
+        };
+        if let Err(e) = mig::check_create(m, &existing(g), profile_id, pl) {
+            return e.nvml_code();
+        }
+        let id = g.next_gi;
+        g.next_gi += 1;
+        let cis = (0..ci_count)
+            .map(|i| Ci {
+                id: i,
+                profile_id: ci_profile,
+                uuid: format!("MIG-{}", uuid::Uuid::new_v4()),
+                processes: Vec::new(),
+                idle_since_ms: None,
+            })
+            .collect();
+        g.gis.push(Gi {
+            id,
+            profile_id,
+            placement: pl,
+            cis,
+        });
+        SUCCESS
+    })
+}
+
+/// Test hook: how driver-like this copy is: a compute instance's busy time
+/// after its last process (ms), GPU-instance profiles it does not know
+/// (comma-separated names; null: none), and whether privileged MIG queries
+/// are refused.
+#[no_mangle]
+pub unsafe extern "C" fn gpusliceStandinConfigure(
+    ci_busy_ms: c_ulonglong,
+    hidden: *const c_char,
+    unprivileged: c_uint,
+) -> Ret {
+    let hidden: Vec<String> = if hidden.is_null() {
+        Vec::new()
+    } else {
+        CStr::from_ptr(hidden)
+            .to_string_lossy()
+            .split(',')
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect()
+    };
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_mut() {
+        None => UNINITIALIZED,
+        Some(s) => {
+            s.config = Config {
+                ci_busy_ms,
+                hidden,
+                unprivileged: unprivileged != 0,
+            };
+            SUCCESS
+        }
+    }
 }
 
 /// Test hook: a GPU reset, which applies a pending MIG mode.
