@@ -194,6 +194,14 @@ fn plan_nodes(gpu: &GpuArgs, data_dir: &Path, only_node: Option<&str>) -> Result
             gpu.nvml_allow_mode_change,
         ) {
             Ok(b) => {
+                let missing = b.missing_privileges();
+                if !missing.is_empty() {
+                    tracing::warn!(
+                        "running as uid {}, this worker cannot {}: run it as root, or grant the account NVIDIA's mig-config and mig-monitor capabilities (docs/operations.md)",
+                        nix::unistd::geteuid(),
+                        missing.join(", ")
+                    );
+                }
                 let name = match &gpu.node_name {
                     Some(n) => n.clone(),
                     None => nix::unistd::gethostname()

@@ -138,6 +138,57 @@ impl NvmlBackend {
         })
     }
 
+    /// What this process may not do with the MIG GPUs it manages, as the
+    /// user it runs as (listing instances and placements are privileged
+    /// NVML calls; creating and destroying need root or NVIDIA's
+    /// `mig-config` capability). Empty when nothing is missing. Read-only.
+    pub fn missing_privileges(&self) -> Vec<&'static str> {
+        const NO_PERMISSION: u32 = 4;
+        let mut missing = Vec::new();
+        let lib = self.nvml.lib();
+        let gpus = self.inventory().unwrap_or_default();
+        for g in gpus.iter().filter(|g| g.mig_current) {
+            let Ok(d) = self.device(&g.uuid) else { continue };
+            // SAFETY: a handle of this Nvml.
+            let dev = unsafe { d.handle() };
+            let Ok(profiles) = self.gi_profiles(&g.uuid, dev) else {
+                missing.push("read MIG profiles");
+                break;
+            };
+            let Some(p) = profiles.first() else { continue };
+            if let (Ok(list), Ok(place)) = (
+                lib.nvmlDeviceGetGpuInstances.as_ref(),
+                lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2.as_ref(),
+            ) {
+                // SAFETY: live locals of the prototypes' types.
+                let (r1, r2) = unsafe {
+                    let mut gis: [sys::nvmlGpuInstance_t; 8] = [ptr::null_mut(); 8];
+                    let mut n: c_uint = 8;
+                    let r1 = list(dev, p.id, gis.as_mut_ptr(), &mut n);
+                    let mut pl: [sys::nvmlGpuInstancePlacement_t; 8] = std::mem::zeroed();
+                    let mut m: c_uint = 8;
+                    (r1, place(dev, p.id, pl.as_mut_ptr(), &mut m))
+                };
+                if r1 == NO_PERMISSION {
+                    missing.push("list MIG instances");
+                }
+                if r2 == NO_PERMISSION {
+                    missing.push("read MIG placements");
+                }
+            }
+            break;
+        }
+        if !gpus.iter().any(|g| g.mig_current) {
+            return missing;
+        }
+        let root = nix::unistd::geteuid().is_root();
+        let config = std::path::Path::new("/proc/driver/nvidia/capabilities/mig/config");
+        if !root && nix::unistd::access(config, nix::unistd::AccessFlags::R_OK).is_err() {
+            missing.push("create or destroy MIG instances");
+        }
+        missing
+    }
+
     /// Uses `devices` as the node's device numbering (tests of the
     /// stand-in library, which has no driver behind it).
     pub fn with_devices(mut self, devices: crate::sched::devices::NodeDevices) -> Self {
