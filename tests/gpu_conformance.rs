@@ -687,12 +687,38 @@ fn the_device_check_reads_nvml_and_compares_with_the_catalog() {
         text.contains("NVIDIA H100 80GB HBM3") && text.contains("H100-80GB"),
         "{text}"
     );
-    assert!(text.contains("3g.40gb         9      3     2"), "{text}");
+    assert!(
+        text.contains("MIG 3g.40gb"),
+        "the driver's own names: {text}"
+    );
+    assert!(text.contains("driver gpuslice-standin"), "{text}");
+    assert!(text.contains("one full walk:"), "{text}");
     // Two H100s and an A30 with 7 + 7 + 5 profiles; the L40S has none.
     assert!(
         text.contains("19 of 19 profiles agree with the catalog"),
         "{text}"
     );
+    // The JSON form, to diff a real GPU's answers against the catalog.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["gpu-check", "--json", "--nvml-lib"])
+        .arg(&lib)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let profiles = r["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 19);
+    assert!(profiles.iter().all(|p| p["agrees"] == true && p["rc"] == 0));
+    assert_eq!(r["gpus"][0]["provenance"], "documented");
+    // The driver's memory next to the catalog's nominal one (an H100 2g is
+    // 19.62 GiB, not the A100's 19.5): reported, not a disagreement.
+    let two_g = profiles
+        .iter()
+        .find(|p| p["gpu_index"] == 0 && p["catalog_name"] == "2g.20gb")
+        .unwrap();
+    assert_eq!(two_g["memory_mib"], 20090);
+    assert_eq!(two_g["catalog_memory_mib"], 19968);
+    assert!(r["walk_ms"].as_f64().unwrap() > 0.0);
     let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .args(["gpu-check", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
         .output()

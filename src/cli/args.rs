@@ -52,6 +52,10 @@ pub enum Command {
         /// Only the lock-down report (no NVML).
         #[arg(long)]
         lockdown_only: bool,
+        /// NVML's answers as JSON (to diff against the catalog and commit
+        /// as evidence), without the lock-down report.
+        #[arg(long)]
+        json: bool,
         /// Where the NVIDIA device files are.
         #[arg(long, default_value = "/dev")]
         dev_dir: PathBuf,

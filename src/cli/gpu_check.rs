@@ -8,12 +8,17 @@ use anyhow::{anyhow, bail, Result};
 /// NVML part.
 pub fn run(
     lib: Option<&std::path::Path>,
+    json: bool,
     lockdown_only: bool,
     dev_dir: &std::path::Path,
     probe_cgroup: &str,
 ) -> Result<()> {
     if probe_cgroup.contains("..") || probe_cgroup.starts_with('/') {
         bail!("--probe-cgroup: give a cgroup path relative to the hierarchy, such as user.slice");
+    }
+    if json && !lockdown_only {
+        // JSON is for diffing NVML's answers; the lock-down report is text.
+        return gpu_check(lib, true);
     }
     if nix::unistd::Uid::effective().is_root() {
         let cgroups = crate::sched::lockdown::login_cgroups(
@@ -34,37 +39,65 @@ pub fn run(
         return Ok(());
     }
     println!();
-    gpu_check(lib)
+    gpu_check(lib, false)
 }
 
-/// `gpu-check`: prints the GPUs and every GPU-instance profile as NVML
-/// reports them, flagging where the catalog disagrees. Read-only.
-pub fn gpu_check(lib: Option<&std::path::Path>) -> Result<()> {
-    use crate::gpu::{nvml::NvmlBackend, GpuBackend};
+/// `gpu-check`: prints what NVML reports (versions, user, GPUs, every
+/// GPU-instance profile next to the catalog, instances, MIG devices, the
+/// time of one walk), as text or as JSON. Read-only.
+pub fn gpu_check(lib: Option<&std::path::Path>, json: bool) -> Result<()> {
+    use crate::gpu::nvml::NvmlBackend;
     let b = NvmlBackend::open(lib, None, false).map_err(|e| anyhow!(e))?;
+    let r = b.report()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
     println!(
-        "{:<5} {:<40} {:<32} {:<12} {:>10}  mig (now/after reset)",
-        "gpu", "uuid", "product", "catalog", "MiB"
+        "driver {}, NVML {}, running as {} (uid {})",
+        r.driver_version, r.nvml_version, r.effective_user, r.effective_uid
     );
-    for g in b.inventory()? {
+    if !r.missing_privileges.is_empty() {
         println!(
-            "{:<5} {:<40} {:<32} {:<12} {:>10}  {}/{}",
+            "as this user it cannot: {}",
+            r.missing_privileges.join(", ")
+        );
+    }
+    println!();
+    println!(
+        "{:<5} {:<40} {:<32} {:<12} {:>12} {:>10}  mig (now/after reset)",
+        "gpu", "uuid", "product", "catalog", "pci id", "MiB"
+    );
+    for g in &r.gpus {
+        println!(
+            "{:<5} {:<40} {:<32} {:<12} {:>12} {:>10}  {}/{}",
             g.index,
             g.uuid,
-            g.product,
-            g.model.as_deref().unwrap_or("(unknown)"),
-            g.memory_mib,
+            g.name,
+            g.catalog.as_deref().unwrap_or("(unknown)"),
+            g.pci_device_id.as_deref().unwrap_or("-"),
+            g.memory_mib
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| format!("rc {}", g.memory_rc)),
             if g.mig_current { "on" } else { "off" },
             if g.mig_pending { "on" } else { "off" }
         );
     }
     println!();
     println!(
-        "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} verdict",
-        "gpu", "enum", "profile", "id", "slices", "max", "MiB", "possible placements (start:size)"
+        "{:<5} {:>4} {:>3} {:<12} {:<14} {:>4} {:>6} {:>5} {:>8}  {:<40} verdict",
+        "gpu",
+        "enum",
+        "rc",
+        "catalog",
+        "driver name",
+        "id",
+        "slices",
+        "max",
+        "MiB",
+        "possible placements (start:size)"
     );
-    let rows = b.check_profiles()?;
-    for r in &rows {
+    for r in &r.profiles {
         let opt = |v: Option<u32>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
         let placements = r
             .placements
@@ -82,22 +115,63 @@ pub fn gpu_check(lib: Option<&std::path::Path>) -> Result<()> {
             (Some(_), None, _) => "not offered by the driver",
             _ => "DIFFERS",
         };
+        let mib = |m: Option<u64>| m.map(|m| m.to_string()).unwrap_or_else(|| "-".into());
         println!(
-            "{:<5} {:>4} {:<12} {:>4} {:>6} {:>5} {:>8}  {:<40} {verdict}",
+            "{:<5} {:>4} {:>3} {:<12} {:<14} {:>4} {:>6} {:>5} {:>8} {:>8}  {:<40} {verdict}",
             r.gpu_index,
             r.nvml_enum,
+            r.rc,
             r.catalog_name.as_deref().unwrap_or("?"),
+            r.driver_name.as_deref().unwrap_or("-"),
             opt(r.nvml_id),
             opt(r.slices),
             opt(r.instance_count),
-            r.memory_mib
-                .map(|m| m.to_string())
-                .unwrap_or_else(|| "-".into()),
+            mib(r.memory_mib),
+            mib(r.catalog_memory_mib),
             placements
         );
     }
-    let agree = rows.iter().filter(|r| r.agrees).count();
+    let agree = r.profiles.iter().filter(|p| p.agrees).count();
     println!();
-    println!("{agree} of {} profiles agree with the catalog", rows.len());
+    println!(
+        "{agree} of {} profiles agree with the catalog",
+        r.profiles.len()
+    );
+    println!();
+    println!("GPU instances: {}", r.instances.len());
+    for i in &r.instances {
+        println!(
+            "  {} gi {} {} (id {}) at {}:{}{}{}",
+            i.gpu_uuid,
+            i.gi_id,
+            i.profile,
+            i.profile_id,
+            i.placement.start,
+            i.placement.size,
+            i.device_uuid
+                .as_deref()
+                .map(|u| format!(", device {u}"))
+                .unwrap_or_default(),
+            if i.foreign {
+                "  FOREIGN (not made by gpuslice)"
+            } else {
+                ""
+            }
+        );
+    }
+    println!("MIG devices: {}", r.mig_devices.len());
+    for m in &r.mig_devices {
+        println!(
+            "  GPU {} gi {} ci {} {} processes {}",
+            m.gpu_index,
+            m.gi_id,
+            m.ci_id,
+            m.uuid,
+            m.processes
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "?".into())
+        );
+    }
+    println!("one full walk: {:.1} ms", r.walk_ms);
     Ok(())
 }

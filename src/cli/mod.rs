@@ -71,9 +71,18 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::GpuCheck {
             nvml_lib,
             lockdown_only,
+            json,
             dev_dir,
             probe_cgroup,
-        } => return gpu_check::run(nvml_lib.as_deref(), *lockdown_only, dev_dir, probe_cgroup),
+        } => {
+            return gpu_check::run(
+                nvml_lib.as_deref(),
+                *json,
+                *lockdown_only,
+                dev_dir,
+                probe_cgroup,
+            )
+        }
         Command::Exec { .. } => return exec_command(&cli),
         Command::Bench(BenchCommand::Telemetry {
             gpus,

@@ -80,9 +80,52 @@ pub struct Model {
     pub product: &'static str,
 }
 
+/// How far a model's MIG rows are known: what NVIDIA documents with a
+/// placement listing, what is assumed by analogy, and what gpuslice has
+/// itself seen on hardware (`gpu-check` on a real GPU; none yet: no GPU
+/// machine has been lent to the project). Profile memory sizes are nominal
+/// everywhere: the driver's figures (a real H100 reports about 19.62 /
+/// 39.50 / 79.25 GiB for 2g / 3g–4g / 7g) are read at run time, per MIG
+/// device, for telemetry and the memory alert, and printed next to the
+/// catalog's by `gpu-check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provenance {
+    /// NVIDIA's MIG user guide lists the placements.
+    Documented,
+    /// Placements assumed to be those of the A100/H100 80GB (mig.md).
+    PlacementsAssumed,
+    /// Seen by `gpu-check` on a real GPU of this model.
+    ConfirmedOnHardware,
+    /// Not MIG-capable: nothing to confirm.
+    NotMig,
+}
+
+impl Provenance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provenance::Documented => "documented by NVIDIA, not yet seen on hardware by gpuslice",
+            Provenance::PlacementsAssumed => {
+                "placements assumed (as A100/H100 80GB), not confirmed"
+            }
+            Provenance::ConfirmedOnHardware => "confirmed on hardware by gpu-check",
+            Provenance::NotMig => "no MIG",
+        }
+    }
+}
+
 impl Model {
     pub fn mig_capable(&self) -> bool {
         !self.profiles.is_empty()
+    }
+
+    /// How far this model's rows are known (see [`Provenance`]).
+    pub fn provenance(&self) -> Provenance {
+        match self.id {
+            _ if !self.mig_capable() => Provenance::NotMig,
+            "H200-141GB" | "GH200-144GB" | "B200-180GB" => Provenance::PlacementsAssumed,
+            _ => Provenance::Documented,
+        }
     }
 
     pub fn profile(&self, name: &str) -> Option<&Profile> {

@@ -148,7 +148,9 @@ impl NvmlBackend {
         let lib = self.nvml.lib();
         let gpus = self.inventory().unwrap_or_default();
         for g in gpus.iter().filter(|g| g.mig_current) {
-            let Ok(d) = self.device(&g.uuid) else { continue };
+            let Ok(d) = self.device(&g.uuid) else {
+                continue;
+            };
             // SAFETY: a handle of this Nvml.
             let dev = unsafe { d.handle() };
             let Ok(profiles) = self.gi_profiles(&g.uuid, dev) else {
@@ -1000,8 +1002,7 @@ impl GpuBackend for NvmlBackend {
             ));
         }
         let d = self.device(gpu_uuid)?;
-        if d.mig_mode().is_ok_and(|m| m.current == 1)
-            && !self.list_instances(gpu_uuid)?.is_empty()
+        if d.mig_mode().is_ok_and(|m| m.current == 1) && !self.list_instances(gpu_uuid)?.is_empty()
         {
             return Err(BackendError::NotEmpty {
                 gpu: gpu_uuid.to_string(),
@@ -1039,7 +1040,7 @@ impl GpuBackend for NvmlBackend {
 }
 
 /// One GPU-instance profile as the driver describes it, next to the catalog.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ProfileCheck {
     pub gpu_index: u32,
     pub product: String,
@@ -1056,6 +1057,59 @@ pub struct ProfileCheck {
     pub placements: Option<Vec<Placement>>,
     /// Whether id, slices, count and placements match the catalog.
     pub agrees: bool,
+    /// The return code of `nvmlDeviceGetGpuInstanceProfileInfo` (0 success,
+    /// 3 not supported on this GPU).
+    pub rc: u32,
+    /// The profile's name as the driver spells it (the versioned info
+    /// call), where the driver has that call.
+    pub driver_name: Option<String>,
+    /// The catalog's nominal memory for the profile (the driver's is
+    /// `memory_mib`; they may differ, which is not a disagreement).
+    pub catalog_memory_mib: Option<u64>,
+}
+
+/// What `gpu-check` reports: everything NVML says about the node's MIG
+/// setup, read-only, for diffing against the catalog.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceReport {
+    pub driver_version: String,
+    pub nvml_version: String,
+    pub effective_uid: u32,
+    pub effective_user: String,
+    pub gpus: Vec<GpuReport>,
+    pub profiles: Vec<ProfileCheck>,
+    pub instances: Vec<Instance>,
+    pub mig_devices: Vec<MigDeviceReport>,
+    /// Wall time of one full walk (profiles, instances, MIG devices), ms.
+    pub walk_ms: f64,
+    /// Privileged calls this user may not make.
+    pub missing_privileges: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuReport {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub catalog: Option<String>,
+    /// How far the catalog's rows for this model are known.
+    pub provenance: Option<catalog::Provenance>,
+    pub pci_device_id: Option<String>,
+    pub mig_current: bool,
+    pub mig_pending: bool,
+    /// The GPU's memory (the MIG parent's, a privileged call in MIG mode)
+    /// and the call's return code.
+    pub memory_mib: Option<u64>,
+    pub memory_rc: u32,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MigDeviceReport {
+    pub gpu_index: u32,
+    pub gi_id: u32,
+    pub ci_id: u32,
+    pub uuid: String,
+    pub processes: Option<usize>,
 }
 
 impl NvmlBackend {
@@ -1086,13 +1140,15 @@ impl NvmlBackend {
             let model = info.model.as_deref().and_then(catalog::model);
             // SAFETY: `handle` is the raw handle of a device of this Nvml.
             let dev = unsafe { d.handle() };
-            for nvml_enum in 0..10u32 {
+            for nvml_enum in 0..MAX_PROFILE_ENUMS {
                 let expected = model.and_then(|m| m.profile_by_enum(nvml_enum));
+                let rc;
                 // SAFETY: `p` and `buf` are live locals of the prototype's
                 // types; `n` carries the buffer's true length.
                 let (nvml_id, slices, instance_count, memory_mib, placements) = unsafe {
                     let mut p: sys::nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
-                    if info_fn(dev, nvml_enum, &mut p) != SUCCESS {
+                    rc = info_fn(dev, nvml_enum, &mut p);
+                    if rc != SUCCESS {
                         (None, None, None, None, None)
                     } else {
                         let mut buf = [sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 16];
@@ -1117,9 +1173,14 @@ impl NvmlBackend {
                         )
                     }
                 };
+                if rc == INVALID_ARGUMENT {
+                    // The end of the driver's profile enums.
+                    break;
+                }
                 if nvml_id.is_none() && expected.is_none() {
                     continue;
                 }
+                let driver_name = self.profile_name(dev, nvml_enum);
                 let agrees = match expected {
                     Some(e) => {
                         nvml_id == Some(e.nvml_id)
@@ -1142,9 +1203,128 @@ impl NvmlBackend {
                     memory_mib,
                     placements,
                     agrees,
+                    rc,
+                    driver_name,
+                    catalog_memory_mib: expected.map(|e| (e.memory_gib * 1024.0) as u64),
                 });
             }
         }
         Ok(out)
+    }
+
+    /// A profile's name from the versioned info call
+    /// (`nvmlGpuInstanceProfileInfo_v2`), where the driver has it.
+    fn profile_name(&self, dev: sys::nvmlDevice_t, nvml_enum: u32) -> Option<String> {
+        let f = self
+            .nvml
+            .lib()
+            .nvmlDeviceGetGpuInstanceProfileInfoV
+            .as_ref()
+            .ok()?;
+        // SAFETY: a zeroed v2 struct carrying its version, as nvml.h asks.
+        unsafe {
+            let mut p: sys::nvmlGpuInstanceProfileInfo_v2_t = std::mem::zeroed();
+            p.version =
+                std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+            if f(dev, nvml_enum, &mut p) != SUCCESS {
+                return None;
+            }
+            Some(
+                CStr::from_ptr(p.name.as_ptr())
+                    .to_string_lossy()
+                    .to_string(),
+            )
+        }
+    }
+
+    /// Everything `gpu-check` prints, read-only; `walk_ms` is the time of
+    /// the whole walk.
+    pub fn report(&self) -> Result<DeviceReport, BackendError> {
+        let started = std::time::Instant::now();
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| BackendError::Driver(e.to_string()))?;
+        let lib = self.nvml.lib();
+        let mut gpus = Vec::new();
+        let mut instances = Vec::new();
+        let mut mig_devices = Vec::new();
+        for index in 0..count {
+            let d = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| BackendError::Driver(e.to_string()))?;
+            let info = self.info(index, &d)?;
+            // SAFETY: the raw handle of a device of this Nvml.
+            let dev = unsafe { d.handle() };
+            let (memory_mib, memory_rc) = match lib.nvmlDeviceGetMemoryInfo_v2.as_ref() {
+                // SAFETY: a live local of the prototype's type, carrying its
+                // version as nvml.h asks.
+                Ok(f) => unsafe {
+                    let mut m: sys::nvmlMemory_v2_t = std::mem::zeroed();
+                    m.version = std::mem::size_of::<sys::nvmlMemory_v2_t>() as u32 | (2 << 24);
+                    let rc = f(dev, &mut m);
+                    ((rc == SUCCESS).then(|| m.total / (1024 * 1024)), rc)
+                },
+                Err(_) => (None, u32::MAX),
+            };
+            gpus.push(GpuReport {
+                index,
+                uuid: info.uuid.clone(),
+                name: info.product.clone(),
+                catalog: info.model.clone(),
+                provenance: info
+                    .model
+                    .as_deref()
+                    .and_then(catalog::model)
+                    .map(|m| m.provenance()),
+                pci_device_id: d
+                    .pci_info()
+                    .ok()
+                    .map(|p| format!("{:#010x}", p.pci_device_id)),
+                mig_current: info.mig_current,
+                mig_pending: info.mig_pending,
+                memory_mib,
+                memory_rc,
+            });
+            if info.mig_current {
+                instances.extend(self.list_instances(&info.uuid)?.into_iter().map(|(_, i)| i));
+                for (gi, ci, uuid) in self.mig_uuids(dev)? {
+                    let processes = self.processes(&uuid).ok().map(|p| p.len());
+                    mig_devices.push(MigDeviceReport {
+                        gpu_index: index,
+                        gi_id: gi,
+                        ci_id: ci,
+                        uuid,
+                        processes,
+                    });
+                }
+            }
+        }
+        let profiles = self.check_profiles()?;
+        let walk_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let uid = nix::unistd::geteuid();
+        Ok(DeviceReport {
+            driver_version: self
+                .nvml
+                .sys_driver_version()
+                .unwrap_or_else(|e| format!("unavailable ({e})")),
+            nvml_version: self
+                .nvml
+                .sys_nvml_version()
+                .unwrap_or_else(|e| format!("unavailable ({e})")),
+            effective_uid: uid.as_raw(),
+            effective_user: nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .unwrap_or_default(),
+            gpus,
+            profiles,
+            instances,
+            mig_devices,
+            walk_ms,
+            missing_privileges: self.missing_privileges(),
+        })
     }
 }

@@ -465,6 +465,84 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     })
 }
 
+/// The versioned profile info (`nvmlGpuInstanceProfileInfo_v2_t`): the
+/// same answer with the profile's name, as recent drivers give it.
+#[repr(C)]
+pub struct GiProfileInfoV2 {
+    version: c_uint,
+    id: c_uint,
+    is_p2p_supported: c_uint,
+    slice_count: c_uint,
+    instance_count: c_uint,
+    multiprocessor_count: c_uint,
+    copy_engine_count: c_uint,
+    decoder_count: c_uint,
+    encoder_count: c_uint,
+    jpeg_count: c_uint,
+    ofa_count: c_uint,
+    memory_size_mb: c_ulonglong,
+    name: [c_char; 96],
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
+    device: *mut std::ffi::c_void,
+    profile: c_uint,
+    info: *mut GiProfileInfoV2,
+) -> Ret {
+    let want = std::mem::size_of::<GiProfileInfoV2>() as c_uint | (2 << 24);
+    if info.is_null() || (*info).version != want {
+        return 25; // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    }
+    let mut plain: GiProfileInfo = std::mem::zeroed();
+    let r = nvmlDeviceGetGpuInstanceProfileInfo(device, profile, &mut plain);
+    if r != SUCCESS {
+        return r;
+    }
+    let name = with(|s| {
+        let cfg = s.config.clone();
+        let Some((g, _, _)) = gpu_of(s, device, TAG_GPU) else {
+            return INVALID_ARGUMENT;
+        };
+        match model(g)
+            .profile_by_enum(profile)
+            .filter(|p| !cfg.hidden(&p.name))
+        {
+            Some(p) => {
+                // NVIDIA's drivers write "MIG 1g.10gb".
+                write_str(&format!("MIG {}", p.name), (*info).name.as_mut_ptr(), 96)
+            }
+            None => NOT_SUPPORTED,
+        }
+    });
+    if name != SUCCESS {
+        return name;
+    }
+    let i = &mut *info;
+    i.id = plain.id;
+    i.is_p2p_supported = plain.is_p2p_supported;
+    i.slice_count = plain.slice_count;
+    i.instance_count = plain.instance_count;
+    i.multiprocessor_count = plain.multiprocessor_count;
+    i.copy_engine_count = plain.copy_engine_count;
+    i.decoder_count = plain.decoder_count;
+    i.encoder_count = plain.encoder_count;
+    i.jpeg_count = plain.jpeg_count;
+    i.ofa_count = plain.ofa_count;
+    i.memory_size_mb = plain.memory_size_mb;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> Ret {
+    write_str("gpuslice-standin", version, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, len: c_uint) -> Ret {
+    write_str("12.gpuslice-standin", version, len)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetName(
     device: *mut std::ffi::c_void,
@@ -794,10 +872,24 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
             encoder_count: 0,
             jpeg_count: u32::from(p.media_extensions),
             ofa_count: u32::from(p.media_extensions),
-            memory_size_mb: (p.memory_gib * 1024.0) as u64,
+            memory_size_mb: driver_memory_mib(model(g), p),
         };
         SUCCESS
     })
+}
+
+/// What a driver reports for a profile's memory: the catalog's nominal
+/// figure, except where a real GPU is known to differ (an H100 80GB reports
+/// about 19.62 / 39.50 / 79.25 GiB for 2g / 3g–4g / 7g, not the A100's
+/// 19.5 / 39.25 / 78.5).
+fn driver_memory_mib(m: &catalog::Model, p: &catalog::Profile) -> u64 {
+    let gib = match (m.id, p.name.as_str()) {
+        ("H100-80GB", "2g.20gb") => 19.62,
+        ("H100-80GB", "3g.40gb" | "4g.40gb") => 39.50,
+        ("H100-80GB", "7g.80gb") => 79.25,
+        _ => p.memory_gib,
+    };
+    (gib * 1024.0) as u64
 }
 
 #[repr(C)]
