@@ -1264,7 +1264,7 @@ impl NvmlBackend {
                     let mut m: sys::nvmlMemory_v2_t = std::mem::zeroed();
                     m.version = std::mem::size_of::<sys::nvmlMemory_v2_t>() as u32 | (2 << 24);
                     let rc = f(dev, &mut m);
-                    ((rc == SUCCESS).then(|| m.total / (1024 * 1024)), rc)
+                    ((rc == SUCCESS).then_some(m.total / (1024 * 1024)), rc)
                 },
                 Err(_) => (None, u32::MAX),
             };
