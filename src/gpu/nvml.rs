@@ -750,11 +750,10 @@ impl GpuBackend for NvmlBackend {
             self.check("nvmlGpuInstanceGetInfo", get_info(gi, &mut info))?;
             info.id
         };
-        self.list_instances(gpu_uuid)?
-            .into_iter()
+        // By id: one booking does not cost a walk of every GPU instance.
+        self.instance_by_id(gpu_uuid, gi_id)
             .map(|(_, i)| i)
-            .find(|i| i.gi_id == gi_id)
-            .ok_or_else(|| BackendError::Driver("the new GPU instance is not listed".into()))
+            .map_err(|_| BackendError::Driver("the new GPU instance is not listed".into()))
     }
 
     fn destroy_instance(
