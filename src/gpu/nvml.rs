@@ -277,14 +277,19 @@ impl NvmlBackend {
         let drv = |e: NvmlError| BackendError::Driver(e.to_string());
         let product = d.name().map_err(drv)?;
         let uuid = d.uuid().map_err(drv)?;
-        let memory_mib = d.memory_info().map_err(drv)?.total / (1024 * 1024);
+        // A MIG parent's memory is a privileged call: without it, the
+        // product name alone picks the model and the catalog gives its size.
+        let measured = d.memory_info().ok().map(|m| m.total / (1024 * 1024));
         let (mig_current, mig_pending) = match d.mig_mode() {
             Ok(m) => (m.current == 1, m.pending == 1),
             Err(NvmlError::NotSupported) => (false, false),
             Err(e) => return Err(drv(e)),
         };
-        let model = catalog::model_for_product(&product, memory_mib as f64 / 1024.0)
-            .map(|m| m.id.to_string());
+        let found = catalog::model_for_product(&product, measured.unwrap_or(0) as f64 / 1024.0);
+        let memory_mib = measured
+            .or(found.map(|m| (m.memory_gib * 1024.0) as u64))
+            .unwrap_or(0);
+        let model = found.map(|m| m.id.to_string());
         Ok(GpuInfo {
             index,
             uuid,
@@ -298,11 +303,11 @@ impl NvmlBackend {
 
     fn model_of(&self, d: &Device<'_>) -> Result<&'static Model, BackendError> {
         let product = d.name().map_err(|e| BackendError::Driver(e.to_string()))?;
+        // Privileged for a MIG parent: without it, the product name decides.
         let mib = d
             .memory_info()
-            .map_err(|e| BackendError::Driver(e.to_string()))?
-            .total
-            / (1024 * 1024);
+            .map(|m| m.total / (1024 * 1024))
+            .unwrap_or(0);
         catalog::model_for_product(&product, mib as f64 / 1024.0).ok_or_else(|| {
             BackendError::Driver(format!("{product} is not in the gpuslice catalog"))
         })
@@ -350,7 +355,9 @@ impl NvmlBackend {
             for i in 0..max {
                 let mut mig: sys::nvmlDevice_t = ptr::null_mut();
                 let r = by_index(dev, i, &mut mig);
-                if r == NOT_FOUND {
+                // An empty index (NOT_FOUND) or one the driver will not hand
+                // out (INVALID_ARGUMENT) is skipped, as NVIDIA's go-nvlib does.
+                if r == NOT_FOUND || r == INVALID_ARGUMENT {
                     continue;
                 }
                 self.check("nvmlDeviceGetMigDeviceHandleByIndex", r)?;
@@ -372,10 +379,12 @@ impl NvmlBackend {
         Ok(out)
     }
 
-    /// The GPU-instance profiles this GPU's driver knows: every enum from
-    /// 0 until `NVML_ERROR_INVALID_ARGUMENT` (as `nvml.h` recommends; an
-    /// enum the GPU lacks is NOT_SUPPORTED), not only the catalog's, so
-    /// instances of any profile are seen. Asked once per GPU and kept.
+    /// The GPU-instance profiles this GPU's driver knows: every enum up to
+    /// `MAX_PROFILE_ENUMS` (past the newest `nvml.h`'s count), skipping
+    /// the enums it answers `INVALID_ARGUMENT` (past its own count) or
+    /// `NOT_SUPPORTED` (not on this GPU) for, as NVIDIA's mig-parted and
+    /// go-nvlib do; not only the catalog's, so instances of any profile are
+    /// seen. Asked once per GPU and kept (an empty answer, MIG off, is not).
     fn gi_profiles(
         &self,
         uuid: &str,
@@ -401,20 +410,25 @@ impl NvmlBackend {
                 (info(dev, e, &mut p), p)
             };
             match r {
-                INVALID_ARGUMENT => break,
-                NOT_SUPPORTED => continue,
+                INVALID_ARGUMENT | NOT_SUPPORTED => continue,
                 _ => self.check("nvmlDeviceGetGpuInstanceProfileInfo", r)?,
+            }
+            if out.iter().any(|x: &GiProfile| x.id == p.id) {
+                continue;
             }
             out.push(GiProfile {
                 id: p.id,
                 slices: p.sliceCount,
+                instance_count: p.instanceCount,
                 memory_mib: p.memorySizeMB,
             });
         }
-        self.profiles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(uuid.to_string(), out.clone());
+        if !out.is_empty() {
+            self.profiles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uuid.to_string(), out.clone());
+        }
         Ok(out)
     }
 
@@ -450,11 +464,13 @@ impl NvmlBackend {
                     &mut p,
                 );
                 match r {
-                    INVALID_ARGUMENT => break,
-                    NOT_SUPPORTED => continue,
+                    INVALID_ARGUMENT | NOT_SUPPORTED => continue,
                     _ => self.check("nvmlGpuInstanceGetComputeInstanceProfileInfo", r)?,
                 }
-                let mut cis: [sys::nvmlComputeInstance_t; 8] = [ptr::null_mut(); 8];
+                // Room for as many as the profile allows (nvml.h: the
+                // buffer must be large enough).
+                let mut cis: Vec<sys::nvmlComputeInstance_t> =
+                    vec![ptr::null_mut(); p.instanceCount.max(8) as usize];
                 let mut count: c_uint = cis.len() as c_uint;
                 self.check(
                     "nvmlGpuInstanceGetComputeInstances",
@@ -463,7 +479,11 @@ impl NvmlBackend {
                 for ci in &cis[..(count as usize).min(cis.len())] {
                     let mut i: sys::nvmlComputeInstanceInfo_t = std::mem::zeroed();
                     self.check("nvmlComputeInstanceGetInfo_v2", info(*ci, &mut i))?;
-                    out.push((*ci, i.id, p.sliceCount));
+                    // Newer drivers offer alias profiles (1_SLICE_REV1,
+                    // 7_SLICE_NVL) that list the same compute instances.
+                    if !out.iter().any(|(_, id, _)| *id == i.id) {
+                        out.push((*ci, i.id, p.sliceCount));
+                    }
                 }
             }
         }
@@ -544,13 +564,15 @@ impl NvmlBackend {
         for p in &profiles {
             // SAFETY: as in `mig_uuids`.
             let gis = unsafe {
-                let mut gis: [sys::nvmlGpuInstance_t; 8] = [ptr::null_mut(); 8];
+                let mut gis: Vec<sys::nvmlGpuInstance_t> =
+                    vec![ptr::null_mut(); p.instance_count.max(8) as usize];
                 let mut count: c_uint = gis.len() as c_uint;
                 let r = list(dev, p.id, gis.as_mut_ptr(), &mut count);
-                // A profile id this driver does not know (older drivers lack
-                // some `+me` profiles): skipped, the listing goes on.
+                // A profile id this driver will not list (older drivers lack
+                // some `+me` profiles): skipped with a log line, the listing
+                // goes on.
                 if r == INVALID_ARGUMENT || r == NOT_SUPPORTED {
-                    tracing::debug!(gpu = %uuid, profile_id = p.id, code = r, "GPU-instance profile not listable; skipped");
+                    tracing::warn!(gpu = %uuid, profile_id = p.id, code = r, "GPU-instance profile not listable; skipped");
                     continue;
                 }
                 self.check("nvmlDeviceGetGpuInstances", r)?;
@@ -618,15 +640,17 @@ impl NvmlBackend {
 /// processes are gone.
 pub const DESTROY_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Profile enums walked at most (the driver ends the walk earlier with
-/// INVALID_ARGUMENT).
-const MAX_PROFILE_ENUMS: u32 = 64;
+/// Profile enums walked (the newest `nvml.h` counts 17 GPU-instance and 9
+/// compute-instance profiles; room for drivers newer than it).
+const MAX_PROFILE_ENUMS: u32 = 32;
 
 /// A GPU-instance profile as the driver reports it.
 #[derive(Debug, Clone)]
 struct GiProfile {
     id: u32,
     slices: u32,
+    /// Most instances of it on one GPU (sizes the listing buffer).
+    instance_count: u32,
     #[allow(dead_code)]
     memory_mib: u64,
 }
@@ -1028,9 +1052,12 @@ impl GpuBackend for NvmlBackend {
                 tracing::info!(gpu = %gpu_uuid, "MIG mode change pending until the GPU is reset");
                 Ok(())
             }
-            IN_USE => Err(BackendError::Driver(
-                "another client holds the GPU (NVML_ERROR_IN_USE): the MIG mode change waits until it lets go and the GPU is reset".into(),
-            )),
+            // The change is pending; the driver asks for the GPU to be
+            // idled (another client holds it) and reset.
+            IN_USE => {
+                tracing::warn!(gpu = %gpu_uuid, "MIG mode change pending: another client holds the GPU (NVML_ERROR_IN_USE); idle it and reset the GPU");
+                Ok(())
+            }
             code => Err(BackendError::Driver(format!(
                 "the MIG mode change was not activated (NVML code {code})"
             ))),
@@ -1172,10 +1199,8 @@ impl NvmlBackend {
                         )
                     }
                 };
-                if rc == INVALID_ARGUMENT {
-                    // The end of the driver's profile enums.
-                    break;
-                }
+                // Past the driver's own count (INVALID_ARGUMENT) or not on
+                // this GPU: listed only where the catalog expects a profile.
                 if nvml_id.is_none() && expected.is_none() {
                     continue;
                 }
