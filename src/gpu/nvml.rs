@@ -56,6 +56,15 @@ impl Drop for NvmlBackend {
     }
 }
 
+/// A raw NVML symbol by its name: `sym!(self, nvmlDeviceGetUUID)` is
+/// `self.raw("nvmlDeviceGetUUID", &self.nvml.lib().nvmlDeviceGetUUID)`, an
+/// error (not a panic) when the library lacks it.
+macro_rules! sym {
+    ($self:expr, $name:ident) => {
+        $self.raw(stringify!($name), &$self.nvml.lib().$name)
+    };
+}
+
 /// `nvmlEventTypeDoubleBitEccError` and `nvmlEventTypeXidCriticalError`.
 const EVENT_DBE: u64 = 0x2;
 const EVENT_XID: u64 = 0x8;
@@ -215,9 +224,8 @@ impl NvmlBackend {
         if let Some(set) = *held {
             return Ok(set);
         }
-        let lib = self.nvml.lib();
-        let create = self.raw("nvmlEventSetCreate", &lib.nvmlEventSetCreate)?;
-        let register = self.raw("nvmlDeviceRegisterEvents", &lib.nvmlDeviceRegisterEvents)?;
+        let create = sym!(self, nvmlEventSetCreate)?;
+        let register = sym!(self, nvmlDeviceRegisterEvents)?;
         let mut set: sys::nvmlEventSet_t = ptr::null_mut();
         // SAFETY: `set` is a local of the prototype's type.
         self.check("nvmlEventSetCreate", unsafe { create(&mut set) })?;
@@ -328,24 +336,11 @@ impl NvmlBackend {
 
     /// (gi id, ci id) -> MIG device uuid, over the GPU's MIG devices.
     fn mig_uuids(&self, dev: sys::nvmlDevice_t) -> Result<Vec<(u32, u32, String)>, BackendError> {
-        let lib = self.nvml.lib();
-        let max_count = self.raw(
-            "nvmlDeviceGetMaxMigDeviceCount",
-            &lib.nvmlDeviceGetMaxMigDeviceCount,
-        )?;
-        let by_index = self.raw(
-            "nvmlDeviceGetMigDeviceHandleByIndex",
-            &lib.nvmlDeviceGetMigDeviceHandleByIndex,
-        )?;
-        let gi_id = self.raw(
-            "nvmlDeviceGetGpuInstanceId",
-            &lib.nvmlDeviceGetGpuInstanceId,
-        )?;
-        let ci_id = self.raw(
-            "nvmlDeviceGetComputeInstanceId",
-            &lib.nvmlDeviceGetComputeInstanceId,
-        )?;
-        let get_uuid = self.raw("nvmlDeviceGetUUID", &lib.nvmlDeviceGetUUID)?;
+        let max_count = sym!(self, nvmlDeviceGetMaxMigDeviceCount)?;
+        let by_index = sym!(self, nvmlDeviceGetMigDeviceHandleByIndex)?;
+        let gi_id = sym!(self, nvmlDeviceGetGpuInstanceId)?;
+        let ci_id = sym!(self, nvmlDeviceGetComputeInstanceId)?;
+        let get_uuid = sym!(self, nvmlDeviceGetUUID)?;
         let mut out = Vec::new();
         // SAFETY: every pointer passed points at a live local of the type
         // the NVML prototype names; buffers carry their true length.
@@ -398,10 +393,7 @@ impl NvmlBackend {
         {
             return Ok(p.clone());
         }
-        let info = self.raw(
-            "nvmlDeviceGetGpuInstanceProfileInfo",
-            &self.nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo,
-        )?;
+        let info = sym!(self, nvmlDeviceGetGpuInstanceProfileInfo)?;
         let mut out = Vec::new();
         for e in 0..MAX_PROFILE_ENUMS {
             // SAFETY: `dev` came from NVML; `p` is a live local.
@@ -439,19 +431,9 @@ impl NvmlBackend {
         &self,
         gi: sys::nvmlGpuInstance_t,
     ) -> Result<Vec<(sys::nvmlComputeInstance_t, u32, u32)>, BackendError> {
-        let lib = self.nvml.lib();
-        let profile_info = self.raw(
-            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-        )?;
-        let list = self.raw(
-            "nvmlGpuInstanceGetComputeInstances",
-            &lib.nvmlGpuInstanceGetComputeInstances,
-        )?;
-        let info = self.raw(
-            "nvmlComputeInstanceGetInfo_v2",
-            &lib.nvmlComputeInstanceGetInfo_v2,
-        )?;
+        let profile_info = sym!(self, nvmlGpuInstanceGetComputeInstanceProfileInfo)?;
+        let list = sym!(self, nvmlGpuInstanceGetComputeInstances)?;
+        let info = sym!(self, nvmlComputeInstanceGetInfo_v2)?;
         let mut out = Vec::new();
         for e in 0..MAX_PROFILE_ENUMS {
             // SAFETY: as in `mig_uuids`.
@@ -502,10 +484,7 @@ impl NvmlBackend {
         uuids: &[(u32, u32, String)],
         gi: sys::nvmlGpuInstance_t,
     ) -> Result<Instance, BackendError> {
-        let get_info = self.raw(
-            "nvmlGpuInstanceGetInfo",
-            &self.nvml.lib().nvmlGpuInstanceGetInfo,
-        )?;
+        let get_info = sym!(self, nvmlGpuInstanceGetInfo)?;
         // SAFETY: `gi` came from NVML; `info` is a live local.
         let info = unsafe {
             let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
@@ -554,8 +533,7 @@ impl NvmlBackend {
     ) -> Result<Vec<(sys::nvmlGpuInstance_t, Instance)>, BackendError> {
         let d = self.device(uuid)?;
         let model = self.model_of(&d)?;
-        let lib = self.nvml.lib();
-        let list = self.raw("nvmlDeviceGetGpuInstances", &lib.nvmlDeviceGetGpuInstances)?;
+        let list = sym!(self, nvmlDeviceGetGpuInstances)?;
         // SAFETY: `handle` is the raw handle of a device of this Nvml.
         let dev = unsafe { d.handle() };
         let profiles = self.gi_profiles(uuid, dev)?;
@@ -595,10 +573,7 @@ impl NvmlBackend {
     ) -> Result<(sys::nvmlGpuInstance_t, Instance), BackendError> {
         let d = self.device(uuid)?;
         let model = self.model_of(&d)?;
-        let by_id = self.raw(
-            "nvmlDeviceGetGpuInstanceById",
-            &self.nvml.lib().nvmlDeviceGetGpuInstanceById,
-        )?;
+        let by_id = sym!(self, nvmlDeviceGetGpuInstanceById)?;
         // SAFETY: as in `mig_uuids`.
         let (dev, gi) = unsafe {
             let dev = d.handle();
@@ -702,20 +677,10 @@ impl GpuBackend for NvmlBackend {
             return Err(BackendError::NotMig(gpu_uuid.to_string()));
         }
         let model = self.model_of(&d)?;
-        let lib = self.nvml.lib();
-        let create_gi = self.raw(
-            "nvmlDeviceCreateGpuInstanceWithPlacement",
-            &lib.nvmlDeviceCreateGpuInstanceWithPlacement,
-        )?;
-        let destroy_gi = self.raw("nvmlGpuInstanceDestroy", &lib.nvmlGpuInstanceDestroy)?;
-        let ci_info = self.raw(
-            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-        )?;
-        let create_ci = self.raw(
-            "nvmlGpuInstanceCreateComputeInstance",
-            &lib.nvmlGpuInstanceCreateComputeInstance,
-        )?;
+        let create_gi = sym!(self, nvmlDeviceCreateGpuInstanceWithPlacement)?;
+        let destroy_gi = sym!(self, nvmlGpuInstanceDestroy)?;
+        let ci_info = sym!(self, nvmlGpuInstanceGetComputeInstanceProfileInfo)?;
+        let create_ci = sym!(self, nvmlGpuInstanceCreateComputeInstance)?;
         // No guessing: a profile the catalog cannot size gets no compute
         // instance (checked once the driver has said what it thinks of it).
         let slices = model.profile_by_id(profile_id).map(|p| p.compute_slices);
@@ -770,7 +735,7 @@ impl GpuBackend for NvmlBackend {
                 return Err(e);
             }
             let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
-            let get_info = self.raw("nvmlGpuInstanceGetInfo", &lib.nvmlGpuInstanceGetInfo)?;
+            let get_info = sym!(self, nvmlGpuInstanceGetInfo)?;
             self.check("nvmlGpuInstanceGetInfo", get_info(gi, &mut info))?;
             info.id
         };
@@ -804,12 +769,8 @@ impl GpuBackend for NvmlBackend {
                 }
             }
         }
-        let lib = self.nvml.lib();
-        let destroy_ci = self.raw(
-            "nvmlComputeInstanceDestroy",
-            &lib.nvmlComputeInstanceDestroy,
-        )?;
-        let destroy_gi = self.raw("nvmlGpuInstanceDestroy", &lib.nvmlGpuInstanceDestroy)?;
+        let destroy_ci = sym!(self, nvmlComputeInstanceDestroy)?;
+        let destroy_gi = sym!(self, nvmlGpuInstanceDestroy)?;
         // A compute instance may stay busy a while after its last process
         // (NVIDIA's drivers on H100 and H200): IN_USE is waited out.
         for (ci, _, _) in self.compute_instances(gi)? {
@@ -841,24 +802,11 @@ impl GpuBackend for NvmlBackend {
         let Some(nd) = &self.devices else {
             return Ok(Vec::new());
         };
-        let lib = self.nvml.lib();
-        let is_mig = self.raw(
-            "nvmlDeviceIsMigDeviceHandle",
-            &lib.nvmlDeviceIsMigDeviceHandle,
-        )?;
-        let parent_of = self.raw(
-            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-            &lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
-        )?;
-        let gi_id = self.raw(
-            "nvmlDeviceGetGpuInstanceId",
-            &lib.nvmlDeviceGetGpuInstanceId,
-        )?;
-        let ci_id = self.raw(
-            "nvmlDeviceGetComputeInstanceId",
-            &lib.nvmlDeviceGetComputeInstanceId,
-        )?;
-        let minor_of = self.raw("nvmlDeviceGetMinorNumber", &lib.nvmlDeviceGetMinorNumber)?;
+        let is_mig = sym!(self, nvmlDeviceIsMigDeviceHandle)?;
+        let parent_of = sym!(self, nvmlDeviceGetDeviceHandleFromMigDeviceHandle)?;
+        let gi_id = sym!(self, nvmlDeviceGetGpuInstanceId)?;
+        let ci_id = sym!(self, nvmlDeviceGetComputeInstanceId)?;
+        let minor_of = sym!(self, nvmlDeviceGetMinorNumber)?;
         let d = self
             .nvml
             .device_by_uuid(device_uuid)
@@ -970,9 +918,8 @@ impl GpuBackend for NvmlBackend {
 
     fn wait_events(&self, timeout: Duration) -> Result<Vec<GpuEvent>, BackendError> {
         let set = self.event_set()?;
-        let lib = self.nvml.lib();
-        let wait = self.raw("nvmlEventSetWait_v2", &lib.nvmlEventSetWait_v2)?;
-        let get_uuid = self.raw("nvmlDeviceGetUUID", &lib.nvmlDeviceGetUUID)?;
+        let wait = sym!(self, nvmlEventSetWait_v2)?;
+        let get_uuid = sym!(self, nvmlDeviceGetUUID)?;
         let mut out = Vec::new();
         let mut ms = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
         loop {
@@ -1031,10 +978,7 @@ impl GpuBackend for NvmlBackend {
                 gpu: gpu_uuid.to_string(),
             });
         }
-        let set = self.raw(
-            "nvmlDeviceSetMigMode",
-            &self.nvml.lib().nvmlDeviceSetMigMode,
-        )?;
+        let set = sym!(self, nvmlDeviceSetMigMode)?;
         let mut activation: u32 = 0;
         // SAFETY: as in `mig_uuids`.
         self.check("nvmlDeviceSetMigMode", unsafe {
@@ -1143,15 +1087,8 @@ impl NvmlBackend {
     /// indexes 0 to 9) and its possible placements on every GPU, and
     /// compares them with the catalog. Changes nothing on the GPUs.
     pub fn check_profiles(&self) -> Result<Vec<ProfileCheck>, BackendError> {
-        let lib = self.nvml.lib();
-        let info_fn = self.raw(
-            "nvmlDeviceGetGpuInstanceProfileInfo",
-            &lib.nvmlDeviceGetGpuInstanceProfileInfo,
-        )?;
-        let placements_fn = self.raw(
-            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
-            &lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2,
-        )?;
+        let info_fn = sym!(self, nvmlDeviceGetGpuInstanceProfileInfo)?;
+        let placements_fn = sym!(self, nvmlDeviceGetGpuInstancePossiblePlacements_v2)?;
         let count = self
             .nvml
             .device_count()
