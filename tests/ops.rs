@@ -157,3 +157,37 @@ async fn metrics_ask_for_the_token_when_one_is_set() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// `gpuslice healthcheck` (the container's HEALTHCHECK): 0 against a
+/// serving gpuslice, non-zero with a sentence where nothing answers.
+#[tokio::test]
+async fn the_healthcheck_command_asks_healthz() {
+    let app = TestApp::spawn().await;
+    let run = |bind: String| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(["healthcheck", "--bind", &bind])
+            .output()
+            .unwrap()
+    };
+    let addr = app.addr;
+    let out = tokio::task::spawn_blocking(move || run(addr.to_string()))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // 0.0.0.0 is asked on the loopback address.
+    let any = format!("0.0.0.0:{}", addr.port());
+    let out = tokio::task::spawn_blocking(move || run(any)).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || run(closed.to_string()))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not answer"),
+        "{out:?}"
+    );
+}

@@ -101,6 +101,13 @@ pub enum Command {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Exits 0 when the server answers `GET /healthz` with 200 within 3 s
+    /// (a container's HEALTHCHECK; needs no shell and no curl).
+    Healthcheck {
+        /// The server's address (0.0.0.0 is asked on 127.0.0.1).
+        #[arg(long, env = "GPUSLICE_BIND", default_value = "127.0.0.1:8080")]
+        bind: String,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -48,6 +48,32 @@ pub fn init_tracing(json: bool) {
 }
 
 /// Runs one command.
+/// `gpuslice healthcheck`: `GET /healthz` on the server at `bind`.
+async fn healthcheck(bind: &str) -> Result<()> {
+    let addr: std::net::SocketAddr = bind
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--bind: give an address such as 127.0.0.1:8080"))?;
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+        ip if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    let url = format!("http://{host}:{}/healthz", addr.port());
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        .build()?;
+    let r = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{url} did not answer: {e}"))?;
+    if !r.status().is_success() {
+        anyhow::bail!("{url} answered {}", r.status());
+    }
+    Ok(())
+}
+
 /// `gpuslice exec`: synchronous, and run by `main` before the async
 /// runtime starts (`--isolate pid` needs a process with one thread).
 pub fn exec_command(cli: &Cli) -> Result<()> {
@@ -111,6 +137,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             println!("{}", sim::sim(cmd, gpu, &cli.data_dir)?);
             return Ok(());
         }
+        Command::Healthcheck { bind } => return healthcheck(bind).await,
         _ => {}
     }
     let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
@@ -133,7 +160,8 @@ async fn run_with(database: &Database, command: Command, data_dir: &std::path::P
         Command::GpuCheck { .. }
         | Command::Bench(_)
         | Command::Exec { .. }
-        | Command::Sim { .. } => Ok(()),
+        | Command::Sim { .. }
+        | Command::Healthcheck { .. } => Ok(()),
         Command::Alert(cmd) => {
             print!("{}", alerts::alert(&pool, &cmd).await?);
             println!();
