@@ -41,17 +41,18 @@ stop_test_db() {
 }
 trap stop_test_db EXIT
 
-# A real SMTP server (aiosmtpd) and the Prometheus client's parser for the
-# alert and metrics tests, in a private Python environment.
+# A real SMTP server (aiosmtpd), the Prometheus client's parser and an
+# independent iCalendar parser for the alert, metrics and calendar tests, in
+# a private Python environment.
 py=target/test-py
-if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client" 2>/dev/null; then
+if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client, icalendar" 2>/dev/null; then
   if ! command -v python3 >/dev/null 2>&1; then
     echo "error: the tests need python3 (Debian/Ubuntu: sudo apt-get install python3 python3-venv)" >&2
     exit 1
   fi
-  echo "installing aiosmtpd and prometheus-client into $py ..."
+  echo "installing aiosmtpd, prometheus-client and icalendar into $py ..."
   python3 -m venv "$py"
-  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1"
+  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1" "icalendar>=5,<7"
 fi
 export GPUSLICE_TEST_PYTHON="$PWD/$py/bin/python"
 

@@ -4,6 +4,7 @@
 pub mod alerts;
 pub mod audit;
 pub mod bookings;
+pub mod calendar;
 pub mod embedded;
 pub mod fleet;
 pub mod idle;

@@ -6,6 +6,7 @@ pub mod api;
 pub mod assets;
 pub mod auth;
 pub mod bookings;
+pub mod calendar;
 pub mod charts;
 pub mod csrf;
 pub mod error;
@@ -367,6 +368,7 @@ pub fn router(state: AppState) -> Router {
         .merge(alerts::routes())
         .merge(optimizer::routes())
         .merge(security::routes())
+        .merge(calendar::routes())
         .merge(ops::routes())
         .nest(api::BASE, api::routes())
         .fallback(not_found)

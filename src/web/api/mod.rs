@@ -9,6 +9,7 @@
 mod account;
 mod alerts;
 mod bookings;
+pub mod calendar;
 mod usage;
 pub mod views;
 
@@ -42,6 +43,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(bookings::keep))
         .routes(routes!(usage::usage))
         .routes(routes!(alerts::alerts))
+        .routes(routes!(calendar::calendar))
 }
 
 /// The API router, to be nested at [`BASE`], with its OpenAPI document
