@@ -89,6 +89,23 @@ async fn book(app: &TestApp, who: &booking::Requester, profile: &str) -> i64 {
     }
 }
 
+/// `GET /api/v1/calendar` with an API token: the feed's address.
+async fn api_url(app: &TestApp, token: &str, query: &str) -> reqwest::Response {
+    app.client()
+        .get(app.url(&format!("/api/v1/calendar{query}")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn url_of(app: &TestApp, token: &str) -> String {
+    let r = api_url(app, token, "").await;
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    v["url"].as_str().unwrap().to_string()
+}
+
 /// The path of a feed URL (the test server's host may differ).
 fn path_of(url: &str) -> String {
     let i = url.find("/calendar/").unwrap();
@@ -116,28 +133,10 @@ async fn feeds_are_valid_icalendar_and_their_urls_can_be_renewed_and_revoked() {
     let token = gpuslice::cli::token_create(&app.pool, "ana@uni.edu", "cal")
         .await
         .unwrap();
-    let client = app.client();
-    let r = client
-        .get(app.url("/api/v1/calendar"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let url: serde_json::Value = r.json().await.unwrap();
-    let url = url["url"].as_str().unwrap().to_string();
+    let url = url_of(&app, &token).await;
     assert!(url.starts_with("http://") && url.ends_with(".ics"), "{url}");
     // Asked again: the same address.
-    let again: serde_json::Value = client
-        .get(app.url("/api/v1/calendar"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(again["url"], url.as_str());
+    assert_eq!(url_of(&app, &token).await, url);
 
     // The feed needs no session.
     let feed = reqwest::get(app.url(&path_of(&url))).await.unwrap();
@@ -209,16 +208,7 @@ async fn feeds_are_valid_icalendar_and_their_urls_can_be_renewed_and_revoked() {
             .status(),
         404
     );
-    let renewed: serde_json::Value = client
-        .get(app.url("/api/v1/calendar"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let renewed = renewed["url"].as_str().unwrap().to_string();
+    let renewed = url_of(&app, &token).await;
     assert_ne!(renewed, url);
     assert_eq!(
         reqwest::get(app.url(&path_of(&renewed)))
@@ -244,12 +234,7 @@ async fn feeds_are_valid_icalendar_and_their_urls_can_be_renewed_and_revoked() {
     );
 
     // A tenant's feed: managers only.
-    let r = client
-        .get(app.url("/api/v1/calendar?tenant=lab"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let r = api_url(&app, &token, "?tenant=lab").await;
     assert_eq!(r.status(), 404, "a member is not a manager");
     let pi = app.signed_in("pi@uni.edu").await;
     let r = app

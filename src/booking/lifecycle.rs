@@ -21,7 +21,8 @@ pub async fn release(
     reason: Option<&str>,
     client_addr: Option<&str>,
 ) -> Result<Booking, BookingError> {
-    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    // Checked as sent (the API document's limits are on the text as sent),
+    // then kept trimmed.
     if let Some(r) = reason {
         if r.chars().count() > super::MAX_REASON_CHARS {
             return Err(invalid(
@@ -36,6 +37,7 @@ pub async fn release(
             ));
         }
     }
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
     let b = visible(pool, who, id).await?;
     let owner = b.user_id == who.user_id;
     if !owner {
