@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{wait_for, Killed, TestApp, WorkerProcess};
-use gpuslice::booking::{self, Created};
-use gpuslice::domain::booking::BookingInput;
+use gpuslice::booking;
 use reqwest::StatusCode;
 
 const FLEET: &str = r#"
@@ -30,19 +29,6 @@ mode = "timeslice"
 count = 1
 "#;
 
-/// `gpuslice ARGS` against the worker's database, fleet and data folder.
-fn cli(w: &WorkerProcess, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args(args)
-        .env("DATABASE_URL", &w.url)
-        .env("GPUSLICE_DATA_DIR", &w.dir)
-        .env("GPUSLICE_FLEET", w.dir.join("fleet.toml"))
-        .env("GPUSLICE_BACKEND", "sim")
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap()
-}
-
 fn ok(out: std::process::Output) -> String {
     assert!(out.status.success(), "{out:?}");
     String::from_utf8_lossy(&out.stdout).to_string()
@@ -52,7 +38,7 @@ fn ok(out: std::process::Output) -> String {
 fn sim_set(w: &WorkerProcess, flags: &[&str]) {
     let mut args = vec!["sim", "set", "--node", "w1", "--gpu", "0"];
     args.extend_from_slice(flags);
-    ok(cli(w, &args));
+    ok(w.cli(&args));
 }
 
 /// The worker, sampling every second.
@@ -84,22 +70,7 @@ async fn wait_state(app: &TestApp, rule: &str, want: &str) {
 
 /// A 1-hour MIG booking of `profile` in tenant `lab`, placed now.
 async fn book_mig(app: &TestApp, who: &booking::Requester, profile: &str) -> i64 {
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: profile.into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    match booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    }
+    common::book(app, who, "mig", profile, 1).await.id
 }
 
 async fn setup(tag: &str) -> (TestApp, WorkerProcess) {
@@ -122,16 +93,16 @@ async fn every_default_rule_fires_and_resolves_through_gpuslice_sim() {
     ] {
         let mut args = vec!["alert", "rule", rule];
         args.extend(flags);
-        ok(cli(&w, &args));
+        ok(w.cli(&args));
     }
     let audited: i64 = app
         .one("SELECT count(*) FROM audit_log WHERE action = 'alert_rule.update'")
         .await;
     assert_eq!(audited, 5);
-    let bad = cli(&w, &["alert", "rule", "gpu_lost", "--for-secs", "soon"]);
+    let bad = w.cli(&["alert", "rule", "gpu_lost", "--for-secs", "soon"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("duration: give whole seconds"));
-    assert!(ok(cli(&w, &["alert", "rules"])).contains("gpu_temperature_high"));
+    assert!(ok(w.cli(&["alert", "rules"])).contains("gpu_temperature_high"));
 
     let mut proc_ = worker(&w, &[]);
     wait_for("samples", || async {
@@ -147,7 +118,7 @@ async fn every_default_rule_fires_and_resolves_through_gpuslice_sim() {
     ] {
         sim_set(&w, &stage);
         wait_state(&app, rule, "firing").await;
-        ok(cli(&w, &["sim", "clear", "--node", "w1", "--gpu", "0"]));
+        ok(w.cli(&["sim", "clear", "--node", "w1", "--gpu", "0"]));
         wait_state(&app, rule, "resolved").await;
     }
     let (node, gpu, msg): (String, String, String) = sqlx::query_as(
@@ -161,10 +132,7 @@ async fn every_default_rule_fires_and_resolves_through_gpuslice_sim() {
     assert!(msg.contains("92 °C"), "{msg}");
 
     // An XID fires at once and resolves after a quiet window.
-    ok(cli(
-        &w,
-        &["sim", "xid", "--node", "w1", "--gpu", "0", "--code", "79"],
-    ));
+    ok(w.cli(&["sim", "xid", "--node", "w1", "--gpu", "0", "--code", "79"]));
     wait_state(&app, "gpu_xid_error", "firing").await;
     let code: i64 = app
         .one("SELECT code FROM gpu_events WHERE kind = 'xid'")
@@ -186,21 +154,18 @@ async fn every_default_rule_fires_and_resolves_through_gpuslice_sim() {
         .await;
     let sleeper = Killed(Command::new("sleep").arg("600").spawn().unwrap());
     let pid = sleeper.0.id().to_string();
-    ok(cli(
-        &w,
-        &[
-            "sim",
-            "process",
-            "--node",
-            "w1",
-            "--device",
-            &device,
-            "--pid",
-            &pid,
-            "--used-mib",
-            "9600",
-        ],
-    ));
+    ok(w.cli(&[
+        "sim",
+        "process",
+        "--node",
+        "w1",
+        "--device",
+        &device,
+        "--pid",
+        &pid,
+        "--used-mib",
+        "9600",
+    ]));
     wait_state(&app, "instance_memory_near_limit", "firing").await;
     let on: i64 = app
         .one("SELECT booking_id FROM alerts WHERE rule = 'instance_memory_near_limit'")
@@ -381,10 +346,7 @@ async fn alerts_reach_a_real_smtp_server_and_a_webhook() {
     );
     let smtp = Smtp::start(&py, &w.dir).await;
     let (hook, got) = webhook_receiver().await;
-    ok(cli(
-        &w,
-        &["alert", "rule", "gpu_temperature_high", "--for-secs", "0"],
-    ));
+    ok(w.cli(&["alert", "rule", "gpu_temperature_high", "--for-secs", "0"]));
     let smtp_url = format!("smtp://127.0.0.1:{}", smtp.port);
     let _worker = worker(
         &w,
@@ -413,7 +375,7 @@ async fn alerts_reach_a_real_smtp_server_and_a_webhook() {
         "{text}"
     );
     // Resolving tells the webhook too; e-mail stays at one per admin who wants it.
-    ok(cli(&w, &["sim", "clear", "--node", "w1", "--gpu", "0"]));
+    ok(w.cli(&["sim", "clear", "--node", "w1", "--gpu", "0"]));
     wait_for("the resolved post", || async {
         got.lock()
             .unwrap()

@@ -9,8 +9,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use common::{SimNode, TestApp};
-use gpuslice::booking::{self, Created};
-use gpuslice::domain::booking::BookingInput;
+use gpuslice::booking;
 
 const FLEET: &str = r#"
 [[node]]
@@ -71,22 +70,7 @@ for ev in cal.walk("VEVENT"):
 }
 
 async fn book(app: &TestApp, who: &booking::Requester, profile: &str) -> i64 {
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: profile.into(),
-        hours: "2".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    match booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    }
+    common::book(app, who, "mig", profile, 2).await.id
 }
 
 /// `GET /api/v1/calendar` with an API token: the feed's address.

@@ -8,8 +8,8 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use common::TestApp;
-use gpuslice::booking::{self, Created};
-use gpuslice::domain::booking::{BookingInput, Status};
+use gpuslice::booking;
+use gpuslice::domain::booking::Status;
 use gpuslice::gpu::nvml::NvmlBackend;
 use gpuslice::gpu::GpuBackend;
 
@@ -40,22 +40,7 @@ async fn book(
     who: &booking::Requester,
     profile: &str,
 ) -> gpuslice::db::bookings::Booking {
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: profile.into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    match booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b,
-        Created::Replayed(_) => unreachable!(),
-    }
+    common::book(app, who, "mig", profile, 1).await
 }
 
 #[tokio::test]

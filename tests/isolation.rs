@@ -23,10 +23,7 @@ impl Drop for Dir {
 }
 
 fn skip(test: &str, why: &str) {
-    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
-        panic!("isolation test {test} required but {why}");
-    }
-    common::skipped(&format!("isolation test {test}"), why);
+    common::skip_or_require(&format!("isolation test {test}"), why);
 }
 
 /// The layout with a private prefix and simulated device files, or `None`
@@ -180,59 +177,16 @@ fn v2_bpf_device_program_confines_a_booking() {
 
 mod common;
 
-use common::{booking_status, wait_for, Killed, TestApp, WorkerProcess};
-use gpuslice::booking::{self, Created};
-use gpuslice::domain::booking::BookingInput;
+use common::{Killed, TestApp, WorkerProcess};
 
 /// A MIG node's worker process (one H100, so two bookings have distinct
 /// capability files), with the owner's account linked to `nobody`.
 async fn mig_node(tag: &str) -> (TestApp, WorkerProcess, Killed, gpuslice::booking::Requester) {
-    let app = TestApp::spawn().await;
-    app.tenant("lab").await;
-    sqlx::query("UPDATE tenants SET max_active_bookings = 10, max_gpu_memory_gib = 200, max_compute_slices = 20")
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    app.user("ana@uni.edu", "none", &["lab"]).await;
-    gpuslice::cli::user_link(&app.pool, "ana@uni.edu", "nobody")
-        .await
-        .unwrap();
-    let name = format!("i{}{tag}", std::process::id());
-    let fleet = format!(
-        "[[node]]\nname = \"{name}\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n"
-    );
-    let node = WorkerProcess::new(&app, "iso", &name, &fleet);
-    let worker = Killed(node.command().spawn().unwrap());
-    wait_for("the worker's GPU", || async {
-        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
-    })
-    .await;
-    let who = common::member(&app, "ana@uni.edu", "lab").await;
-    (app, node, worker, who)
+    common::mig_worker(&format!("iso{tag}"), &[]).await
 }
 
 async fn mig_booking(app: &TestApp, who: &gpuslice::booking::Requester) -> i64 {
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "1g.10gb".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let id = match booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    };
-    wait_for("active", || async {
-        booking_status(app, id).await == "active"
-    })
-    .await;
-    id
+    common::book_active(app, who, "mig", "1g.10gb").await
 }
 
 async fn nodes_of(app: &TestApp, id: i64) -> Vec<String> {
@@ -288,7 +242,17 @@ async fn exec_confines_a_booking_to_its_own_device_files() {
     assert_eq!(mine.len(), 6, "{mine:?}");
     assert!(mine.iter().any(|p| p.ends_with("/nvidiactl")));
     assert!(mine[0].starts_with(node.dir.join("sim/dev").to_str().unwrap()));
-    let other: Vec<String> = theirs.into_iter().filter(|p| !mine.contains(p)).collect();
+    let other: Vec<String> = theirs
+        .iter()
+        .filter(|p| !mine.contains(p))
+        .cloned()
+        .collect();
+    let a_only: Vec<String> = mine
+        .iter()
+        .filter(|p| !theirs.contains(p))
+        .cloned()
+        .collect();
+    assert_eq!(a_only.len(), 2, "A's two capability files: {a_only:?}");
     assert_eq!(other.len(), 2, "B's two capability files: {other:?}");
     for (p, r) in mine.iter().zip(exec_as_nobody(&node, a, &mine)) {
         assert!(r.contains("No such device or address"), "{p}: {r}");
@@ -296,9 +260,12 @@ async fn exec_confines_a_booking_to_its_own_device_files() {
     for (p, r) in other.iter().zip(exec_as_nobody(&node, a, &other)) {
         assert!(denied(&r), "{p}: {r}");
     }
-    // And the other way round.
+    // And the other way round: B reaches its own files and not A's.
     for (p, r) in other.iter().zip(exec_as_nobody(&node, b, &other)) {
         assert!(r.contains("No such device or address"), "{p}: {r}");
+    }
+    for (p, r) in a_only.iter().zip(exec_as_nobody(&node, b, &a_only)) {
+        assert!(denied(&r), "{p}: {r}");
     }
     // The booking page lists them.
     let page = app.signed_in("ana@uni.edu").await;
@@ -359,13 +326,15 @@ async fn exec_refuses_a_connection_whose_process_has_gone() {
     BufReader::new(&stream).read_line(&mut line).unwrap();
     assert!(line.contains("\"ok\":false"), "{line}");
     assert!(line.contains("has exited"), "{line}");
-    let layout = gpuslice::sched::shares::layout_for(&node.name);
-    if let Some(l) = layout {
-        assert!(
-            l.group(a).pids().is_empty(),
-            "nobody was moved into the booking"
-        );
-    }
+    // Nobody was moved: the group is empty, and this test process (which
+    // sent the request) is not in it.
+    let l = gpuslice::sched::shares::layout_for(&node.name).expect("root has cgroups");
+    assert!(
+        l.group(a).pids().is_empty(),
+        "nobody was moved into the booking"
+    );
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    assert!(!own.contains(&format!("booking-{a}")), "{own}");
 }
 
 /// `gpu-check` tells a locked-down node from an open one by trying: a

@@ -12,74 +12,23 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{booking_status, wait_for, Killed, TestApp, WorkerProcess};
-use gpuslice::booking::{self, Created};
-use gpuslice::domain::booking::BookingInput;
 use gpuslice::web::WebSettings;
 
 fn skip(test: &str, why: &str) {
-    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
-        panic!("security test {test} required but {why}");
-    }
-    common::skipped(&format!("security test {test}"), why);
-}
-
-fn cli(w: &WorkerProcess, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args(args)
-        .env("DATABASE_URL", &w.url)
-        .env("GPUSLICE_DATA_DIR", &w.dir)
-        .env("GPUSLICE_FLEET", w.dir.join("fleet.toml"))
-        .env("GPUSLICE_BACKEND", "sim")
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap()
+    common::skip_or_require(&format!("security test {test}"), why);
 }
 
 async fn setup(tag: &str, response: &str) -> (TestApp, WorkerProcess, Killed, i64) {
-    let app = TestApp::spawn().await;
-    app.tenant("lab").await;
-    app.user("ana@uni.edu", "none", &["lab"]).await;
-    gpuslice::cli::user_link(&app.pool, "ana@uni.edu", "nobody")
-        .await
-        .unwrap();
-    let name = format!("s{}{tag}", std::process::id());
-    let fleet = format!(
-        "[[node]]\nname = \"{name}\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n"
-    );
-    let node = WorkerProcess::new(&app, "sec", &name, &fleet);
-    let worker = Killed(
-        node.command()
-            .env("GPUSLICE_TELEMETRY_INTERVAL_SECS", "1")
-            .env("GPUSLICE_SECURITY_RESPONSE", response)
-            .env("GPUSLICE_GRACE_SECS", "1")
-            .spawn()
-            .unwrap(),
-    );
-    wait_for("the worker's GPU", || async {
-        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
-    })
+    let (app, node, worker, who) = common::mig_worker(
+        &format!("sec{tag}"),
+        &[
+            ("GPUSLICE_TELEMETRY_INTERVAL_SECS", "1"),
+            ("GPUSLICE_SECURITY_RESPONSE", response),
+            ("GPUSLICE_GRACE_SECS", "1"),
+        ],
+    )
     .await;
-    let who = common::member(&app, "ana@uni.edu", "lab").await;
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "1g.10gb".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let id = match booking::create(&app.pool, &who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => b.id,
-        Created::Replayed(_) => unreachable!(),
-    };
-    wait_for("active", || async {
-        booking_status(&app, id).await == "active"
-    })
-    .await;
+    let id = common::book_active(&app, &who, "mig", "1g.10gb").await;
     (app, node, worker, id)
 }
 
@@ -107,21 +56,18 @@ async fn an_intruder_on_a_mig_device_raises_a_high_alert_and_is_ended() {
     // A process that did not come through gpuslice exec.
     let mut intruder = Killed(Command::new("sleep").arg("600").spawn().unwrap());
     let pid = intruder.0.id().to_string();
-    let out = cli(
-        &node,
-        &[
-            "sim",
-            "process",
-            "--node",
-            &node.name,
-            "--device",
-            &device,
-            "--pid",
-            &pid,
-            "--used-mib",
-            "2048",
-        ],
-    );
+    let out = node.cli(&[
+        "sim",
+        "process",
+        "--node",
+        &node.name,
+        "--device",
+        &device,
+        "--pid",
+        &pid,
+        "--used-mib",
+        "2048",
+    ]);
     assert!(out.status.success(), "{out:?}");
     wait_for("the HIGH alert", || async {
         alert_state(&app, id).await == Some(("firing".into(), "high".into()))
@@ -375,23 +321,7 @@ async fn a_share_run_under_another_account_is_frozen_until_the_incident_is_close
     })
     .await;
     let who = common::member(&app, "ana@uni.edu", "lab").await;
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "timeslice".into(),
-        memory_gib: "8".into(),
-        priority: "normal".into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    let Created::New(b) = booking::create(&app.pool, &who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    else {
-        unreachable!()
-    };
-    let id = b.id;
+    let id = common::book(&app, &who, "timeslice", "", 1).await.id;
     wait_for("active", || async {
         booking_status(&app, id).await == "active"
     })

@@ -65,9 +65,11 @@ pub fn run(cmd: &[String], env: &[(&str, String)], nodes: &[DeviceNode]) -> Resu
     }
     // Sources opened before /dev is covered.
     let open = |p: &Path| -> Result<OwnedFd> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_PATH: a handle to the file itself (a device is not opened).
         let f = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags_path()
+            .custom_flags(libc::O_PATH)
             .open(p)
             .with_context(|| format!("cannot open {}", p.display()))?;
         Ok(f.into())
@@ -106,28 +108,27 @@ pub fn run(cmd: &[String], env: &[(&str, String)], nodes: &[DeviceNode]) -> Resu
     }
 }
 
+/// A child's end as a shell reports it: its exit code, or 128 + the
+/// signal that ended it; `None` for any other wait status.
+fn exit_code(status: WaitStatus) -> Option<(nix::unistd::Pid, i32)> {
+    match status {
+        WaitStatus::Exited(pid, code) => Some((pid, code)),
+        WaitStatus::Signaled(pid, sig, _) => Some((pid, 128 + sig as i32)),
+        _ => None,
+    }
+}
+
 /// The exit status of `child` as a shell reports it.
 fn wait_exit(child: nix::unistd::Pid) -> Result<i32> {
     loop {
         match waitpid(child, None) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
-            Ok(_) => continue,
+            Ok(st) => match exit_code(st) {
+                Some((_, code)) => return Ok(code),
+                None => continue,
+            },
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => bail!("waiting for the isolated command: {e}"),
         }
-    }
-}
-
-trait PathOpen {
-    fn custom_flags_path(&mut self) -> &mut Self;
-}
-
-impl PathOpen for std::fs::OpenOptions {
-    /// `O_PATH`: a handle to the file itself (a device is not opened).
-    fn custom_flags_path(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_PATH)
     }
 }
 
@@ -209,11 +210,11 @@ fn init(cmd: &[String], env: &[(&str, String)], binds: &[(OwnedFd, PathBuf, bool
             // Reap orphans until the command itself ends.
             loop {
                 match waitpid(None, None) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok(code),
-                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                        return Ok(128 + sig as i32)
-                    }
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Ok(st) => match exit_code(st) {
+                        Some((pid, code)) if pid == child => return Ok(code),
+                        _ => continue,
+                    },
+                    Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => bail!("waiting for the command: {e}"),
                 }
             }

@@ -29,7 +29,6 @@ pub use args::{
     WorkerArgs,
 };
 pub use bench::bench;
-pub use gpu_check::gpu_check;
 pub use node::{start_workers, Node, NodeSettings};
 pub use serve::{seed_demo, DEMO_PASSWORD, DEMO_USERS};
 

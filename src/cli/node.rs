@@ -194,7 +194,7 @@ fn plan_nodes(gpu: &GpuArgs, data_dir: &Path, only_node: Option<&str>) -> Result
             gpu.nvml_allow_mode_change,
         ) {
             Ok(b) => {
-                let missing = b.missing_privileges();
+                let missing = b.missing_privileges(&b.inventory().unwrap_or_default());
                 if !missing.is_empty() {
                     tracing::warn!(
                         "running as uid {}, this worker cannot {}: run it as root, or grant the account NVIDIA's mig-config and mig-monitor capabilities (docs/operations.md)",

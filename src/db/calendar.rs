@@ -25,6 +25,32 @@ pub async fn token_of(db: impl PgExecutor<'_>, feed: Feed) -> sqlx::Result<Optio
     .await
 }
 
+/// The feed's live token, `candidate` becoming it when it has none (one
+/// statement, so two first asks at once cannot both insert). `None` only
+/// when a concurrent first ask won and is not yet visible: ask again.
+pub async fn ensure(
+    db: impl PgExecutor<'_>,
+    feed: Feed,
+    candidate: &str,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar!(
+        r#"WITH made AS (
+               INSERT INTO calendar_feeds (user_id, tenant_id, token) VALUES ($1, $2, $3)
+               ON CONFLICT (user_id, coalesce(tenant_id, 0)) WHERE revoked_at IS NULL DO NOTHING
+               RETURNING token)
+           SELECT token AS "token!" FROM made
+           UNION ALL
+           SELECT token FROM calendar_feeds
+           WHERE user_id = $1 AND tenant_id IS NOT DISTINCT FROM $2 AND revoked_at IS NULL
+           LIMIT 1"#,
+        feed.user_id,
+        feed.tenant_id,
+        candidate
+    )
+    .fetch_optional(db)
+    .await
+}
+
 /// Revokes the feed's live token, if any; whether there was one.
 pub async fn revoke(db: impl PgExecutor<'_>, feed: Feed) -> sqlx::Result<bool> {
     let n = sqlx::query!(

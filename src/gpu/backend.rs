@@ -244,17 +244,24 @@ pub trait GpuBackend: Send + Sync {
 /// Ends processes holding a device: SIGTERM, then SIGKILL after `grace`
 /// for those still alive. Used by both backends.
 pub fn end_processes(processes: &[GpuProcess], grace: Duration) {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    let alive = |p: &GpuProcess| kill(Pid::from_raw(p.pid as i32), None).is_ok();
-    for p in processes {
-        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGTERM);
+    use crate::sched::procfs;
+    // Held by pidfd: a pid reused during the grace period is never
+    // signalled.
+    let held: Vec<(u32, std::os::fd::OwnedFd)> = processes
+        .iter()
+        .filter_map(|p| procfs::pidfd(p.pid).map(|fd| (p.pid, fd)))
+        .collect();
+    let alive = |(pid, fd): &&(u32, std::os::fd::OwnedFd)| {
+        procfs::pidfd_signal(fd, 0) && !procfs::ended(*pid)
+    };
+    for (_, fd) in &held {
+        procfs::pidfd_signal(fd, libc::SIGTERM);
     }
     let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline && processes.iter().any(alive) {
+    while std::time::Instant::now() < deadline && held.iter().any(|h| alive(&h)) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for p in processes.iter().filter(|p| alive(p)) {
-        let _ = kill(Pid::from_raw(p.pid as i32), Signal::SIGKILL);
+    for (_, fd) in held.iter().filter(alive) {
+        procfs::pidfd_signal(fd, libc::SIGKILL);
     }
 }

@@ -151,11 +151,10 @@ impl NvmlBackend {
     /// user it runs as (listing instances and placements are privileged
     /// NVML calls; creating and destroying need root or NVIDIA's
     /// `mig-config` capability). Empty when nothing is missing. Read-only.
-    pub fn missing_privileges(&self) -> Vec<&'static str> {
+    pub fn missing_privileges(&self, gpus: &[GpuInfo]) -> Vec<&'static str> {
         const NO_PERMISSION: u32 = 4;
         let mut missing = Vec::new();
         let lib = self.nvml.lib();
-        let gpus = self.inventory().unwrap_or_default();
         for g in gpus.iter().filter(|g| g.mig_current) {
             let Ok(d) = self.device(&g.uuid) else {
                 continue;
@@ -412,7 +411,6 @@ impl NvmlBackend {
                 id: p.id,
                 slices: p.sliceCount,
                 instance_count: p.instanceCount,
-                memory_mib: p.memorySizeMB,
             });
         }
         if !out.is_empty() {
@@ -626,8 +624,6 @@ struct GiProfile {
     slices: u32,
     /// Most instances of it on one GPU (sizes the listing buffer).
     instance_count: u32,
-    #[allow(dead_code)]
-    memory_mib: u64,
 }
 
 impl GpuBackend for NvmlBackend {
@@ -1208,6 +1204,7 @@ impl NvmlBackend {
             .map_err(|e| BackendError::Driver(e.to_string()))?;
         let lib = self.nvml.lib();
         let mut gpus = Vec::new();
+        let mut infos = Vec::new();
         let mut instances = Vec::new();
         let mut mig_devices = Vec::new();
         for index in 0..count {
@@ -1248,6 +1245,7 @@ impl NvmlBackend {
                 memory_mib,
                 memory_rc,
             });
+            infos.push(info.clone());
             if info.mig_current {
                 instances.extend(self.list_instances(&info.uuid)?.into_iter().map(|(_, i)| i));
                 for (gi, ci, uuid) in self.mig_uuids(dev)? {
@@ -1285,7 +1283,7 @@ impl NvmlBackend {
             instances,
             mig_devices,
             walk_ms,
-            missing_privileges: self.missing_privileges(),
+            missing_privileges: self.missing_privileges(&infos),
         })
     }
 }

@@ -189,15 +189,6 @@ impl CrashPoint {
     }
 }
 
-/// Whether a pid names no running process of this machine (gone, or a
-/// zombie waiting for its parent).
-fn process_ended(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-        .unwrap_or(true)
-}
-
 /// The simulated GPUs of one node.
 pub struct SimBackend {
     node: String,
@@ -390,26 +381,23 @@ impl SimBackend {
             pid,
             used_memory_mib,
         };
-        let real = !process_ended(pid);
+        let real = !crate::sched::procfs::ended(pid);
         self.access(true, |state| {
             for g in &mut state.gpus {
-                if real {
-                    g.real_pids.push(pid);
-                }
-                if g.uuid == device_uuid {
-                    g.processes.push(proc_);
+                let target = if g.uuid == device_uuid {
+                    Some(&mut g.processes)
+                } else {
+                    g.instances
+                        .iter_mut()
+                        .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
+                        .map(|i| &mut i.processes)
+                };
+                if let Some(list) = target {
+                    list.push(proc_);
+                    if real {
+                        g.real_pids.push(pid);
+                    }
                     return Ok(());
-                }
-                if let Some(i) = g
-                    .instances
-                    .iter_mut()
-                    .find(|i| i.device_uuid.as_deref() == Some(device_uuid))
-                {
-                    i.processes.push(proc_);
-                    return Ok(());
-                }
-                if real {
-                    g.real_pids.pop();
                 }
             }
             Err(BackendError::NoSuchDevice(device_uuid.to_string()))
@@ -727,7 +715,9 @@ impl GpuBackend for SimBackend {
                     }
                     let mut all = g.processes.clone();
                     all.extend(g.instances.iter().flat_map(|i| i.processes.clone()));
-                    all.retain(|p| !(g.real_pids.contains(&p.pid) && process_ended(p.pid)));
+                    all.retain(|p| {
+                        !(g.real_pids.contains(&p.pid) && crate::sched::procfs::ended(p.pid))
+                    });
                     all.extend(observed.iter().cloned());
                     return Ok(all);
                 }
@@ -740,7 +730,9 @@ impl GpuBackend for SimBackend {
                         return Err(BackendError::GpuLost(g.uuid.clone()));
                     }
                     let mut all = i.processes.clone();
-                    all.retain(|p| !(g.real_pids.contains(&p.pid) && process_ended(p.pid)));
+                    all.retain(|p| {
+                        !(g.real_pids.contains(&p.pid) && crate::sched::procfs::ended(p.pid))
+                    });
                     all.extend(observed.iter().cloned());
                     return Ok(all);
                 }

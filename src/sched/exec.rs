@@ -165,28 +165,20 @@ impl Caller {
         }
         match &self.pidfd {
             Some(fd) => {
-                use std::os::fd::AsRawFd;
-                // SAFETY: signal 0 through a pidfd we own: a liveness check.
-                let rc = unsafe {
-                    libc::syscall(
-                        libc::SYS_pidfd_send_signal,
-                        fd.as_raw_fd(),
-                        0,
-                        std::ptr::null::<libc::siginfo_t>(),
-                        0,
-                    )
-                };
-                // The pidfd names the process that connected; its pid in
-                // our namespace must still be the one we move.
-                rc == 0 && pidfd_pid(fd) == Some(self.pid) && !is_zombie(self.pid)
+                super::procfs::pidfd_signal(fd, 0)
+                    && pidfd_pid(fd) == Some(self.pid)
+                    && !super::procfs::ended(self.pid as u32)
             }
             None => {
                 // Without a pidfd: the pid's process must belong to the
                 // caller and have started before the connection.
-                let Some((uid, start)) = proc_uid_and_start(self.pid) else {
+                let pid = self.pid as u32;
+                let (Some(uid), Some(start)) =
+                    (super::procfs::uid(pid), super::procfs::start_ticks(pid))
+                else {
                     return false;
                 };
-                uid == self.uid && start <= self.accepted_ticks && !is_zombie(self.pid)
+                uid == self.uid && start <= self.accepted_ticks && !super::procfs::ended(pid)
             }
         }
     }
@@ -216,30 +208,6 @@ fn boot_ticks() -> u64 {
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     ts.tv_sec as u64 * hz + (ts.tv_nsec as u64 * hz) / 1_000_000_000 + 1
-}
-
-/// A process's real uid and start time (clock ticks since boot).
-fn proc_uid_and_start(pid: i32) -> Option<(u32, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces and parens).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
-    Some((uid, start))
-}
-
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-        .unwrap_or(true)
 }
 
 /// Connections the socket serves at once.

@@ -10,5 +10,6 @@ pub mod devices;
 pub mod enforce;
 pub mod exec;
 pub mod lockdown;
+pub mod procfs;
 pub mod scheduler;
 pub mod shares;

@@ -80,6 +80,15 @@ pub async fn report(pool: &PgPool, r: Report) -> Option<Outcome> {
     }
 }
 
+/// Records the evidence in the background (a web request does not wait
+/// for the monitor).
+pub fn report_later(pool: &PgPool, r: Report) {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        report(&pool, r).await;
+    });
+}
+
 async fn try_report(pool: &PgPool, r: &Report) -> anyhow::Result<Outcome> {
     tracing::warn!(subject = %r.suspect.key(), detector = r.detector.as_str(), detail = %r.detail, "security evidence");
     let mut tx = pool.begin().await?;
@@ -171,11 +180,7 @@ pub async fn responded(pool: &PgPool, incident: i64, node: &str, action: &str, d
         .await?;
         db::audit::record(
             &mut *tx,
-            &db::audit::Actor {
-                user_id: None,
-                email: Some(format!("worker:{node}")),
-                client_addr: None,
-            },
+            &db::audit::Actor::system(&format!("worker:{node}")),
             action,
             &subject,
             serde_json::json!({"incident": incident, "detail": detail}),

@@ -234,18 +234,14 @@ impl FromRequestParts<AppState> for CurrentUser {
                         "API token \"{name}\" used from {scope}, new for it (used from {before} other address{} before)",
                         if before == 1 { "" } else { "es" }
                     );
-                    let pool = state.pool.clone();
-                    tokio::spawn(async move {
-                        crate::watch::security::report(
-                            &pool,
-                            crate::watch::security::Report::new(
-                                Suspect::Account(user_id),
-                                Detector::TokenNewAddress,
-                                detail,
-                            ),
-                        )
-                        .await;
-                    });
+                    crate::watch::security::report_later(
+                        &state.pool,
+                        crate::watch::security::Report::new(
+                            Suspect::Account(user_id),
+                            Detector::TokenNewAddress,
+                            detail,
+                        ),
+                    );
                 }
             }
             user_id
@@ -368,14 +364,10 @@ const MAX_EMAIL_LEN: usize = 254;
 /// A sign-in limit was reached: evidence for the security monitor,
 /// recorded in the background so the answer is not delayed.
 fn burst(state: &AppState, suspect: Suspect, detail: String) {
-    let pool = state.pool.clone();
-    tokio::spawn(async move {
-        crate::watch::security::report(
-            &pool,
-            crate::watch::security::Report::new(suspect, Detector::SignInFailures, detail),
-        )
-        .await;
-    });
+    crate::watch::security::report_later(
+        &state.pool,
+        crate::watch::security::Report::new(suspect, Detector::SignInFailures, detail),
+    );
 }
 
 pub async fn login(
@@ -631,17 +623,20 @@ impl axum::extract::OptionalFromRequestParts<AppState> for CurrentUser {
 /// token (shown once), its hash (stored) and a prefix (to tell tokens apart
 /// in lists).
 pub fn generate_token() -> (String, String, String) {
+    let token = format!("gps_{}", random_secret());
+    let prefix = token.chars().take(10).collect();
+    let hash = token_hash(&token);
+    (token, hash, prefix)
+}
+
+/// 256 random bits, URL-safe base64 without padding (API tokens, calendar
+/// feed addresses).
+pub fn random_secret() -> String {
     use base64::Engine;
     use rand::RngCore;
     let mut bytes = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut bytes);
-    let token = format!(
-        "gps_{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-    );
-    let prefix = token.chars().take(10).collect();
-    let hash = token_hash(&token);
-    (token, hash, prefix)
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// Signing in and out.

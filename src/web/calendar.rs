@@ -141,25 +141,16 @@ fn base_url(state: &AppState, headers: &HeaderMap) -> String {
 
 /// The feed's URL, making its token if it has none.
 pub async fn url_of(state: &AppState, headers: &HeaderMap, feed: Feed) -> Result<String, AppError> {
-    let token = match db::calendar::token_of(&state.pool, feed).await? {
+    let token = match db::calendar::ensure(&state.pool, feed, &super::auth::random_secret()).await?
+    {
         Some(t) => t,
-        None => {
-            let token = new_token();
-            let mut tx = state.pool.begin().await?;
-            db::calendar::renew(&mut tx, feed, &token).await?;
-            tx.commit().await?;
-            token
-        }
+        None => db::calendar::token_of(&state.pool, feed)
+            .await?
+            .ok_or(AppError::Conflict(
+                "the calendar address is being made; ask again".into(),
+            ))?,
     };
     Ok(format!("{}/calendar/{token}.ics", base_url(state, headers)))
-}
-
-fn new_token() -> String {
-    use base64::Engine;
-    use rand::RngCore;
-    let mut bytes = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// The tenant `slug` if `user` manages it.
@@ -238,7 +229,7 @@ pub async fn renew(
 ) -> Result<Response, AppError> {
     let feed = feed_of_form(&user, &form)?;
     let mut tx = state.pool.begin().await?;
-    db::calendar::renew(&mut tx, feed, &new_token()).await?;
+    db::calendar::renew(&mut tx, feed, &super::auth::random_secret()).await?;
     db::audit::record(
         &mut *tx,
         &user.actor(),

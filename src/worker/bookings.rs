@@ -285,11 +285,7 @@ async fn record_foreign(
         tracing::warn!(node = %node, gpu = %gpu, instance = %f.detail, "a GPU instance gpuslice did not make: its slots are left alone and count as taken");
         db::audit::record(
             &mut *tx,
-            &db::audit::Actor {
-                user_id: None,
-                email: Some(actor(node)),
-                client_addr: None,
-            },
+            &db::audit::Actor::system(&actor(node)),
             "reconcile.foreign_instance",
             gpu,
             serde_json::json!({ "instance": f.detail, "profile": f.profile }),
@@ -515,15 +511,6 @@ pub async fn reconcile(
             if h.gpu_uuid != *gpu || h.status != Status::Active {
                 continue;
             }
-            // A booking whose slot someone else took by hand is not
-            // recreated into it (the create would collide).
-            if instances.iter().any(|i| {
-                i.foreign
-                    && i32::from(i.placement.start) <= h.slice_start
-                    && h.slice_start < i32::from(i.placement.end())
-            }) {
-                continue;
-            }
             let present = instances
                 .iter()
                 .any(|i| i.profile == h.profile && i32::from(i.placement.start) == h.slice_start);
@@ -533,6 +520,14 @@ pub async fn reconcile(
             let id = &h.id;
             let b = db::bookings::get(pool, *id).await?;
             let (profile_id, placement) = placement_of(&b)?;
+            // A booking whose slots someone else took by hand is not
+            // recreated into them (the create would collide).
+            if instances
+                .iter()
+                .any(|i| i.foreign && placement.overlaps(i.placement))
+            {
+                continue;
+            }
             let (g2, be) = (gpu.clone(), backend.clone());
             let made = blocking(move || be.create_instance(&g2, profile_id, placement)).await?;
             let mut tx = pool.begin().await?;

@@ -18,6 +18,7 @@ use crate::domain::booking::Kind;
 use crate::domain::security::{Detector, Response, Suspect};
 use crate::gpu::{GpuBackend, GpuProcess};
 use crate::sched::cgroup::Layout;
+use crate::sched::procfs;
 use crate::watch::security::{report, responded, Report};
 
 /// What one round saw.
@@ -31,8 +32,14 @@ pub enum Finding {
         pid: u32,
         used_mib: u64,
     },
-    /// A process in `booking`'s cgroup under another Unix account.
-    Foreign { booking: i64, pid: u32, uid: u32 },
+    /// A process in `booking`'s cgroup under another Unix account;
+    /// `share`: the booking is a time-sliced share (it can be frozen).
+    Foreign {
+        booking: i64,
+        share: bool,
+        pid: u32,
+        uid: u32,
+    },
 }
 
 /// Runs the detectors every `every` until the task is dropped.
@@ -48,11 +55,11 @@ pub async fn run(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut done: HashSet<(i64, u32)> = HashSet::new();
+    let prefix = layout.prefix_name();
     loop {
         tick.tick().await;
         match inspect_once(&pool, &node, backend.clone(), &layout).await {
             Ok(findings) => {
-                let prefix = layout.prefix_name();
                 act(&pool, &node, &prefix, &findings, response, grace, &mut done).await;
             }
             Err(e) => {
@@ -123,11 +130,18 @@ pub async fn inspect_once(
                 .as_deref()
                 .and_then(|u| nix::unistd::User::from_name(u).ok().flatten())
                 .map(|u| u.uid.as_raw());
-            for pid in layout.group(b.id).pids() {
-                let Some(uid) = proc_uid(pid) else { continue };
+            let pids = in_group
+                .iter()
+                .filter(|(_, id)| **id == b.id)
+                .map(|(p, _)| *p);
+            for pid in pids {
+                let Some(uid) = procfs::uid(pid) else {
+                    continue;
+                };
                 if uid != 0 && Some(uid) != owner {
                     out.push(Finding::Foreign {
                         booking: b.id,
+                        share: b.kind == Kind::Timeslice,
                         pid,
                         uid,
                     });
@@ -140,76 +154,24 @@ pub async fn inspect_once(
     Ok(findings)
 }
 
-/// A process's real uid, from `/proc`.
-fn proc_uid(pid: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// Ends an intruding process through a pidfd (so a pid reused during the
-/// grace period is never signalled), after checking it is still outside
-/// every booking group (`prefix` in its cgroup path). SIGTERM, then
-/// SIGKILL after `grace`. Whether it was ended.
+/// Ends an intruding process (`end_processes`: SIGTERM, SIGKILL after
+/// `grace`, through a pidfd) after checking it is still outside every
+/// booking group (`prefix` in its cgroup path). Whether it was ended.
 fn end_intruder(pid: u32, grace: Duration, prefix: &str) -> bool {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: the kernel just opened it for us.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let in_booking = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|c| c.contains(&format!("/{prefix}/")))
         .unwrap_or(true);
-    if in_booking {
+    if in_booking || procfs::ended(pid) {
         return false;
     }
-    let signal = |sig: libc::c_int| {
-        // SAFETY: a signal through a pidfd we own.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            ) == 0
-        }
-    };
-    if !signal(libc::SIGTERM) {
-        return false;
-    }
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
-        if !signal(0) || process_gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    signal(libc::SIGKILL);
+    crate::gpu::backend::end_processes(
+        &[GpuProcess {
+            pid,
+            used_memory_mib: 0,
+        }],
+        grace,
+    );
     true
-}
-
-/// Exited (gone, or a zombie waiting for its parent).
-fn process_gone(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('Z')))
-        .unwrap_or(true)
-}
-
-/// The command name of a process, for the evidence.
-fn proc_comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "gone".into())
 }
 
 /// Reports the findings and responds where the node is told to.
@@ -234,12 +196,12 @@ pub async fn act(
                 pid,
                 used_mib,
             } => {
-                let uid = proc_uid(*pid)
+                let uid = procfs::uid(*pid)
                     .map(|u| format!("uid {u}"))
                     .unwrap_or_else(|| "uid unknown".into());
                 let detail = format!(
                     "process {pid} ({}, {uid}) uses {used_mib} MiB on {device} on {node} and is in no booking's cgroup (not started with gpuslice exec)",
-                    proc_comm(*pid)
+                    procfs::comm(*pid)
                 );
                 let suspect = match booking {
                     Some(id) => Suspect::Booking(*id),
@@ -275,10 +237,15 @@ pub async fn act(
                     .await;
                 }
             }
-            Finding::Foreign { booking, pid, uid } => {
+            Finding::Foreign {
+                booking,
+                share,
+                pid,
+                uid,
+            } => {
                 let detail = format!(
                     "process {pid} ({}) in booking {booking}'s cgroup runs as uid {uid}, not the owner's linked account",
-                    proc_comm(*pid)
+                    procfs::comm(*pid)
                 );
                 let Some(o) = report(
                     pool,
@@ -289,7 +256,8 @@ pub async fn act(
                 else {
                     continue;
                 };
-                if o.alerting && response.freeze_shares && done.insert((o.incident_id, 0)) {
+                if o.alerting && response.freeze_shares && *share && done.insert((o.incident_id, 0))
+                {
                     freeze_share(pool, node, *booking, o.incident_id).await;
                 }
             }
@@ -297,13 +265,10 @@ pub async fn act(
     }
 }
 
-/// The `freeze-shares` response: the share's group is held frozen by the
-/// node's share supervisor until an admin closes the incident.
+/// The `freeze-shares` response for a time-sliced share: its group is held
+/// frozen by the node's share supervisor until an admin closes the
+/// incident.
 pub async fn freeze_share(pool: &PgPool, node: &str, booking: i64, incident: i64) {
-    match db::bookings::get(pool, booking).await {
-        Ok(b) if b.kind == Kind::Timeslice => {}
-        _ => return,
-    }
     if let Err(e) = db::security::hold(pool, incident).await {
         tracing::warn!(booking, error = %e, "cannot hold the share");
         return;

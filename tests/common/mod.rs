@@ -6,6 +6,114 @@
 
 use std::net::SocketAddr;
 
+/// A test that needs what this machine lacks: fails when
+/// `GPUSLICE_REQUIRE_CGROUPS` is set, else skips loudly (see [`skipped`]).
+pub fn skip_or_require(what: &str, why: &str) {
+    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
+        panic!("{what} required but {why}");
+    }
+    skipped(what, why);
+}
+
+/// Whether this process is root; when not, the test part `what` is
+/// skipped (or required) with that reason.
+pub fn require_root(what: &str) -> bool {
+    let root = nix::unistd::Uid::effective().is_root();
+    if !root {
+        skip_or_require(what, "not running as root");
+    }
+    root
+}
+
+/// A new booking of tenant `lab` made through the booking rules
+/// (`kind` mig with `profile`, or timeslice with `memory_gib` 8, normal).
+pub async fn book(
+    app: &TestApp,
+    who: &gpuslice::booking::Requester,
+    kind: &str,
+    profile: &str,
+    hours: u32,
+) -> gpuslice::db::bookings::Booking {
+    use gpuslice::booking::{self, Created};
+    let req = gpuslice::domain::booking::BookingInput {
+        tenant: "lab".into(),
+        kind: kind.into(),
+        profile: profile.into(),
+        memory_gib: if kind == "timeslice" {
+            "8".into()
+        } else {
+            String::new()
+        },
+        priority: if kind == "timeslice" {
+            "normal".into()
+        } else {
+            String::new()
+        },
+        hours: hours.to_string(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    match booking::create(&app.pool, who, &req, None, &Default::default())
+        .await
+        .unwrap()
+    {
+        Created::New(b) => b,
+        Created::Replayed(_) => unreachable!(),
+    }
+}
+
+/// A test database with tenant `lab` (room for ten bookings) and its
+/// member `ana@uni.edu`, whose Unix account is `nobody`, and a real
+/// `gpuslice worker` process for a node of one H100 in MIG mode (name
+/// from `tag`; `envs` added to its environment), its GPU reported.
+pub async fn mig_worker(
+    tag: &str,
+    envs: &[(&str, &str)],
+) -> (TestApp, WorkerProcess, Killed, gpuslice::booking::Requester) {
+    let app = TestApp::spawn().await;
+    app.tenant("lab").await;
+    sqlx::query("UPDATE tenants SET max_active_bookings = 10, max_gpu_memory_gib = 200, max_compute_slices = 20")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.user("ana@uni.edu", "none", &["lab"]).await;
+    gpuslice::cli::user_link(&app.pool, "ana@uni.edu", "nobody")
+        .await
+        .unwrap();
+    let name = format!("m{}{tag}", std::process::id());
+    let fleet = format!(
+        "[[node]]\nname = \"{name}\"\n[[node.gpu]]\nmodel = \"H100-80GB\"\nmode = \"mig\"\ncount = 1\n"
+    );
+    let node = WorkerProcess::new(&app, tag, &name, &fleet);
+    let mut cmd = node.command();
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let worker = Killed(cmd.spawn().unwrap());
+    wait_for("the worker's GPU", || async {
+        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
+    })
+    .await;
+    let who = member(&app, "ana@uni.edu", "lab").await;
+    (app, node, worker, who)
+}
+
+/// As [`book`], then waits until the booking is active.
+pub async fn book_active(
+    app: &TestApp,
+    who: &gpuslice::booking::Requester,
+    kind: &str,
+    profile: &str,
+) -> i64 {
+    let id = book(app, who, kind, profile, 1).await.id;
+    wait_for("active", || async {
+        booking_status(app, id).await == "active"
+    })
+    .await;
+    id
+}
+
 /// Says loudly that a test (or part of one) could not run here, and why:
 /// on standard error, and in the file `GPUSLICE_SKIP_LOG` names, which
 /// `scripts/test.sh` prints and counts after the run (libtest hides the
@@ -486,6 +594,20 @@ impl WorkerProcess {
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null());
         cmd
+    }
+
+    /// Runs `gpuslice ARGS` against this node's database, data directory
+    /// and fleet (simulated backend).
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(args)
+            .env("DATABASE_URL", &self.url)
+            .env("GPUSLICE_DATA_DIR", &self.dir)
+            .env("GPUSLICE_FLEET", self.dir.join("fleet.toml"))
+            .env("GPUSLICE_BACKEND", "sim")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
     }
 
     /// The `gpuslice exec` socket.

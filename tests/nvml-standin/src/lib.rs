@@ -1328,15 +1328,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(ci: *mut std::ffi::c_void) -
 
 /// A process counts while it exists and is not a zombie.
 fn process_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
+    !gpuslice::sched::procfs::ended(pid)
 }
 
 // -------------------------------------------------------------- processes
