@@ -63,5 +63,30 @@
     });
   }
   document.addEventListener("DOMContentLoaded", function () { localise(document); });
+
+  // The availability timeline: a free stretch (data-fill-start, RFC 3339)
+  // puts its start into the booking form's start field in local time
+  // (rounded up to the minute, so it stays inside the stretch), or "now".
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function fillStart(el) {
+    var input = document.getElementById("start");
+    var d = new Date(el.getAttribute("data-fill-start"));
+    if (!input || isNaN(d)) return;
+    if (d.getTime() <= Date.now() + 60000) {
+      input.value = "now";
+    } else {
+      d = new Date(Math.ceil(d.getTime() / 60000) * 60000);
+      input.value = d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + "T" + two(d.getHours()) + ":" + two(d.getMinutes());
+    }
+    input.focus();
+  }
+  document.addEventListener("click", function (e) {
+    var el = e.target.closest && e.target.closest("[data-fill-start]");
+    if (el) { e.preventDefault(); fillStart(el); }
+  });
+  document.addEventListener("keydown", function (e) {
+    var el = e.target.closest && e.target.closest("[data-fill-start]");
+    if (el && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); fillStart(el); }
+  });
   document.addEventListener("htmx:afterSwap", function (e) { localise(e.target.parentNode || document); });
 })();

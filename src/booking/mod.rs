@@ -13,8 +13,10 @@
 //!   quota, lock a share's GPU), and [`create`];
 //! - `queue`: the queue planner;
 //! - `lifecycle`: release, cancel and extension;
-//! - `offerings`: what can be booked now, and a tenant's use for the bars.
+//! - `offerings`: what can be booked now, and a tenant's use for the bars;
+//! - [`availability`]: when a request would fit, GPU by GPU (timeline, API).
 
+pub mod availability;
 mod decide;
 mod lifecycle;
 mod offerings;

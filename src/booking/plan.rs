@@ -38,7 +38,7 @@ impl<T> Default for Side<T> {
 }
 
 impl<T> Side<T> {
-    fn push(&mut self, row: Bookable, gpu: T) {
+    pub(crate) fn push(&mut self, row: Bookable, gpu: T) {
         self.rows.push(row);
         self.gpus.push(gpu);
     }
@@ -536,6 +536,8 @@ mod tests {
         Bookable {
             id,
             node_id: 1,
+            node: "node-1".into(),
+            idx: id as i32,
             uuid: format!("GPU-{id}"),
             model: model.into(),
             memory_mib,

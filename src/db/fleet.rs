@@ -187,6 +187,9 @@ pub async fn pending_mode_requests(
 pub struct Bookable {
     pub id: i64,
     pub node_id: i64,
+    /// The node's name and the GPU's index on it (for people).
+    pub node: String,
+    pub idx: i32,
     pub uuid: String,
     pub model: String,
     pub memory_mib: i64,
@@ -199,7 +202,7 @@ pub struct Bookable {
 pub async fn bookable(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Bookable>> {
     sqlx::query_as!(
         Bookable,
-        r#"SELECT g.id, g.node_id, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode", g.max_shares
+        r#"SELECT g.id, g.node_id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode", g.max_shares
          FROM gpus g JOIN nodes n ON n.id = g.node_id
          WHERE g.healthy AND g.requested_mode IS NULL
            AND ((g.mode = 'mig' AND g.mig_current AND g.mig_pending)

@@ -47,7 +47,7 @@ pub struct MigGpu {
 }
 
 impl MigGpu {
-    fn present(&self, w: Window) -> Vec<Existing> {
+    pub fn present(&self, w: Window) -> Vec<Existing> {
         self.bookings
             .iter()
             .filter(|b| b.window.overlaps(w))

@@ -791,6 +791,7 @@ pub fn routes() -> Router<AppState> {
         .route("/bookings", get(list).post(create))
         .route("/bookings/new", get(new_form))
         .route("/bookings/availability", get(availability))
+        .route("/bookings/timeline", get(super::timeline::timeline))
         .route("/bookings/{id}", get(show))
         .route("/bookings/{id}/release", post(release))
         .route("/bookings/{id}/extend", post(extend))

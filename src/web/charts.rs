@@ -185,6 +185,104 @@ fn thin(
         .collect()
 }
 
+/// One row of an availability timeline: a GPU and its free stretches
+/// (unix seconds).
+pub struct TimelineRow {
+    pub label: String,
+    pub free: Vec<(i64, i64)>,
+}
+
+/// The availability timeline of the booking form: one bar per GPU over
+/// `[from, to)` (unix seconds), free stretches drawn green and marked
+/// `data-fill-start` (a click puts their start into the form), a tick at
+/// each local midnight (`tz_offset_secs` east of UTC) and a line at `now`.
+pub fn timeline(rows: &[TimelineRow], from: i64, to: i64, now: i64, tz_offset_secs: i64) -> String {
+    let (left, right, top, row_h, bar_h) = (150.0_f64, 712.0_f64, 18.0_f64, 24.0_f64, 16.0_f64);
+    let w = right + 8.0;
+    let h = top + row_h * rows.len() as f64 + 6.0;
+    let span = (to - from).max(1) as f64;
+    let x = |t: i64| left + ((t.clamp(from, to) - from) as f64 / span) * (right - left);
+    let stamp = |t: i64| {
+        OffsetDateTime::from_unix_timestamp(t)
+            .ok()
+            .and_then(|d| {
+                d.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = format!(
+        r#"<svg class="timeline" viewBox="0 0 {w} {h}" role="img" aria-label="When it fits on each GPU"><title>When it fits on each GPU</title>"#
+    );
+    // Local midnights: day ticks and labels.
+    let day = 86_400;
+    let mut t = (from + tz_offset_secs).div_euclid(day) * day - tz_offset_secs;
+    while t < to {
+        if t >= from {
+            let _ = write!(
+                out,
+                r#"<line class="grid" x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}"/>"#,
+                top - 4.0,
+                h - 4.0,
+                x = x(t)
+            );
+        }
+        let label_at = t.max(from);
+        if let Ok(d) = OffsetDateTime::from_unix_timestamp(label_at + tz_offset_secs) {
+            if (t + day).min(to) - label_at > day / 4 {
+                let _ = write!(
+                    out,
+                    r#"<text class="axis" x="{:.1}" y="{}">{} {}</text>"#,
+                    x(label_at) + 3.0,
+                    top - 6.0,
+                    &format!("{}", d.weekday())[..3],
+                    d.day()
+                );
+            }
+        }
+        t += day;
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let y = top + row_h * i as f64;
+        let _ = write!(
+            out,
+            r#"<text class="axis" x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect class="busy" x="{left}" y="{y:.1}" width="{:.1}" height="{bar_h}"><title>{}: taken</title></rect>"#,
+            left - 6.0,
+            y + bar_h - 4.0,
+            esc(&r.label),
+            right - left,
+            esc(&r.label)
+        );
+        for &(a, b) in &r.free {
+            let (x0, x1) = (x(a), x(b));
+            let _ = write!(
+                out,
+                r#"<rect class="free" x="{x0:.1}" y="{y:.1}" width="{:.1}" height="{bar_h}" data-fill-start="{}" tabindex="0" role="button"><title>{}: free from {} to {}; click to start then</title></rect>"#,
+                (x1 - x0).max(1.0),
+                stamp(a),
+                esc(&r.label),
+                esc(&crate::booking::when(
+                    OffsetDateTime::from_unix_timestamp(a).unwrap_or(OffsetDateTime::UNIX_EPOCH)
+                )),
+                esc(&crate::booking::when(
+                    OffsetDateTime::from_unix_timestamp(b).unwrap_or(OffsetDateTime::UNIX_EPOCH)
+                )),
+            );
+        }
+    }
+    if (from..to).contains(&now) {
+        let _ = write!(
+            out,
+            r#"<line class="now" x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}"/>"#,
+            top - 4.0,
+            h - 4.0,
+            x = x(now)
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ pub mod optimizer;
 pub mod pages;
 pub mod security;
 pub mod settings;
+pub mod timeline;
 pub mod usage;
 
 use std::sync::Arc;

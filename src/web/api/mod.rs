@@ -8,6 +8,7 @@
 
 mod account;
 mod alerts;
+mod availability;
 mod bookings;
 pub mod calendar;
 mod usage;
@@ -44,6 +45,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(usage::usage))
         .routes(routes!(alerts::alerts))
         .routes(routes!(calendar::calendar))
+        .routes(routes!(availability::availability))
 }
 
 /// The API router, to be nested at [`BASE`], with its OpenAPI document
@@ -135,6 +137,16 @@ fn tightened(doc: OpenApi) -> Value {
                         _ => continue,
                     };
                     let schema = match schema {
+                        "from" | "to" if path == "/availability" => {
+                            param["required"] = json!(false);
+                            json!({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "maxLength": 0}]})
+                        }
+                        "model" if path == "/availability" => {
+                            let mut models: Vec<&str> =
+                                crate::gpu::catalog::models().iter().map(|m| m.id).collect();
+                            models.extend(["any", ""]);
+                            json!({"type": "string", "enum": models})
+                        }
                         // `*`: every tenant (finance and admins).
                         "tenant" if path == "/usage" => {
                             json!({"type": "string", "pattern": SLUG_OR_EMPTY_OR_ALL})
