@@ -154,6 +154,79 @@ pub struct ServeArgs {
     /// Bearer token `/metrics` asks for (unset: `/metrics` is open).
     #[arg(long, env = "GPUSLICE_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    #[command(flatten)]
+    pub sso: SsoArgs,
+}
+
+/// Single sign-on: OpenID Connect, LDAP, the group mapping and whether
+/// local passwords still work.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SsoArgs {
+    /// OpenID Connect issuer URL (e.g. https://login.uni.edu/realms/campus); unset: off.
+    #[arg(long, env = "GPUSLICE_OIDC_ISSUER")]
+    pub oidc_issuer: Option<String>,
+    #[arg(long, env = "GPUSLICE_OIDC_CLIENT_ID")]
+    pub oidc_client_id: Option<String>,
+    #[arg(long, env = "GPUSLICE_OIDC_CLIENT_SECRET", hide_env_values = true)]
+    pub oidc_client_secret: Option<String>,
+    /// Scopes asked for, space-separated (openid is always asked).
+    #[arg(long, env = "GPUSLICE_OIDC_SCOPES", default_value = "openid email profile")]
+    pub oidc_scopes: String,
+    /// The ID token claim that holds the e-mail address.
+    #[arg(long, env = "GPUSLICE_OIDC_EMAIL_CLAIM", default_value = "email")]
+    pub oidc_email_claim: String,
+    /// The ID token claim that holds the groups.
+    #[arg(long, env = "GPUSLICE_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// The provider's name on the sign-in button.
+    #[arg(long, env = "GPUSLICE_OIDC_NAME", default_value = "campus sign-on")]
+    pub oidc_name: String,
+    /// Redirect URL registered at the provider (default: this site's /auth/oidc/callback).
+    #[arg(long, env = "GPUSLICE_OIDC_REDIRECT_URL")]
+    pub oidc_redirect_url: Option<String>,
+    /// LDAP server: ldaps://host, or ldap://host with --ldap-starttls; unset: off.
+    #[arg(long, env = "GPUSLICE_LDAP_URL")]
+    pub ldap_url: Option<String>,
+    #[arg(long, env = "GPUSLICE_LDAP_STARTTLS")]
+    pub ldap_starttls: bool,
+    /// PEM file with the CA of the directory's certificate (default: the system's roots).
+    #[arg(long, env = "GPUSLICE_LDAP_CA_FILE")]
+    pub ldap_ca_file: Option<PathBuf>,
+    /// Service account that searches for people and groups (unset: anonymous).
+    #[arg(long, env = "GPUSLICE_LDAP_BIND_DN")]
+    pub ldap_bind_dn: Option<String>,
+    #[arg(long, env = "GPUSLICE_LDAP_BIND_PASSWORD", hide_env_values = true)]
+    pub ldap_bind_password: Option<String>,
+    /// Where people's entries live (e.g. ou=people,dc=uni,dc=edu).
+    #[arg(long, env = "GPUSLICE_LDAP_USER_BASE", default_value = "")]
+    pub ldap_user_base: String,
+    /// How to find a person; {login} is the name typed.
+    #[arg(long, env = "GPUSLICE_LDAP_USER_FILTER", default_value = "(|(uid={login})(mail={login}))")]
+    pub ldap_user_filter: String,
+    /// Where groups live (unset: no groups are read).
+    #[arg(long, env = "GPUSLICE_LDAP_GROUP_BASE")]
+    pub ldap_group_base: Option<String>,
+    /// How to find a person's groups; {dn} is their entry, {uid} their user name.
+    #[arg(long, env = "GPUSLICE_LDAP_GROUP_FILTER", default_value = "(|(member={dn})(uniqueMember={dn})(memberUid={uid}))")]
+    pub ldap_group_filter: String,
+    #[arg(long, env = "GPUSLICE_LDAP_GROUP_ATTR", default_value = "cn")]
+    pub ldap_group_attr: String,
+    #[arg(long, env = "GPUSLICE_LDAP_EMAIL_ATTR", default_value = "mail")]
+    pub ldap_email_attr: String,
+    #[arg(long, env = "GPUSLICE_LDAP_NAME_ATTR", default_value = "cn")]
+    pub ldap_name_attr: String,
+    #[arg(long, env = "GPUSLICE_LDAP_UID_ATTR", default_value = "uid")]
+    pub ldap_uid_attr: String,
+    /// Groups to tenants and roles: group=tenant-slug[:member|manager] or
+    /// group=platform:admin|finance, comma-separated.
+    #[arg(long, env = "GPUSLICE_SSO_GROUPS", default_value = "")]
+    pub sso_groups: String,
+    /// Local passwords: on, or off (then only --break-glass-admin may use one).
+    #[arg(long, env = "GPUSLICE_LOCAL_PASSWORDS", default_value = "on", value_parser = ["on", "off"])]
+    pub local_passwords: String,
+    /// The one account that keeps its local password when they are off.
+    #[arg(long, env = "GPUSLICE_BREAK_GLASS_ADMIN")]
+    pub break_glass_admin: Option<String>,
 }
 
 /// Where the GPUs come from: the settings of a worker.

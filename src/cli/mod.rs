@@ -7,7 +7,7 @@
 
 mod admin;
 mod alerts;
-mod args;
+pub mod args;
 mod bench;
 mod exec;
 mod gpu_check;

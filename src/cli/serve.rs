@@ -30,6 +30,7 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
         session_absolute_secs: args.session_max_hours * 3600,
         ..WebSettings::default()
     };
+    let sso = crate::web::sso::Sso::from_args(&args.sso)?;
     // Every setting is checked above and the address is taken before any
     // worker starts: a mistake starts nothing.
     let listener = tokio::net::TcpListener::bind(&args.bind)
@@ -46,6 +47,7 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
     }
     let mut state = AppState::new(pool, settings).await?;
     state.currency = std::sync::Arc::from(currency.as_str());
+    state.sso = std::sync::Arc::new(sso);
     state.metrics_token = args
         .metrics_token
         .as_deref()

@@ -7,7 +7,7 @@ use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 use time::OffsetDateTime;
 
 /// What a person can be told by e-mail: (topic, label, who it concerns).
-pub const TOPICS: [(&str, &str); 8] = [
+pub const TOPICS: [(&str, &str); 10] = [
     (
         "alert_critical",
         "Critical alerts anywhere in the fleet (admins)",
@@ -21,6 +21,14 @@ pub const TOPICS: [(&str, &str); 8] = [
     (
         "booking_idle",
         "A booking of mine is idle, or was released for it",
+    ),
+    (
+        "membership",
+        "I was added to a tenant, removed, or my role changed",
+    ),
+    (
+        "allocation",
+        "Allocation requests: decisions on my tenant's (managers), new ones to decide (admins)",
     ),
 ];
 
@@ -74,6 +82,25 @@ pub async fn email_user(
     m: &Message<'_>,
 ) -> sqlx::Result<bool> {
     Ok(email(tx, Some(user_id), m).await? == 1)
+}
+
+/// Queues an e-mail to an address that has no account yet (an invitation).
+pub async fn email_address(
+    tx: &mut Transaction<'_, Postgres>,
+    address: &str,
+    m: &Message<'_>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO notifications (channel, recipient, topic, subject, body)
+         VALUES ('email', $1, $2, $3, $4)",
+        address,
+        m.topic,
+        m.subject,
+        m.body
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Queues an e-mail to every admin who wants this topic.

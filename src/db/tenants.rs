@@ -192,12 +192,14 @@ pub struct Member {
     pub display_name: String,
     pub role: String,
     pub disabled: bool,
+    /// `manual` or `sso` (kept in step by a single sign-on group mapping).
+    pub source: String,
 }
 
 pub async fn members(db: impl PgExecutor<'_>, tenant_id: i64) -> sqlx::Result<Vec<Member>> {
     sqlx::query_as!(
         Member,
-        "SELECT u.id AS user_id, u.email, u.display_name, m.role, u.disabled
+        "SELECT u.id AS user_id, u.email, u.display_name, m.role, u.disabled, m.source
          FROM memberships m JOIN users u ON u.id = m.user_id
          WHERE m.tenant_id = $1 ORDER BY m.role DESC, u.email",
         tenant_id

@@ -203,7 +203,7 @@ pub async fn set_membership(
 ) -> sqlx::Result<()> {
     sqlx::query!(
         "INSERT INTO memberships (user_id, tenant_id, role) VALUES ($1, $2, $3)
-         ON CONFLICT (user_id, tenant_id) DO UPDATE SET role = EXCLUDED.role",
+         ON CONFLICT (user_id, tenant_id) DO UPDATE SET role = EXCLUDED.role, source = 'manual'",
         user_id,
         tenant_id,
         role.as_str()

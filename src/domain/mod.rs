@@ -65,7 +65,7 @@ pub mod security;
 pub mod usage;
 
 pub use password::{hash as hash_password, verify as verify_password, Password, PasswordError};
-pub use quota::{Quota, QuotaField, QuotaInput};
+pub use quota::{Allocation, AllocationInput, Quota, QuotaField, QuotaInput};
 
 use std::fmt;
 

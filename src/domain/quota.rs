@@ -77,6 +77,93 @@ impl QuotaField {
     }
 }
 
+/// The five amounts of a quota an allocation request asks for (and an
+/// admin grants); the rest of the quota (priority, guarantee, allowed
+/// models and profiles) stays as the admins set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Allocation {
+    pub max_active_bookings: i32,
+    pub max_gpu_memory_gib: i32,
+    pub max_compute_slices: i32,
+    pub monthly_slice_hours: i32,
+    pub max_booking_hours: i32,
+}
+
+/// The amounts of an allocation as typed.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct AllocationInput {
+    pub max_active_bookings: String,
+    pub max_gpu_memory_gib: String,
+    pub max_compute_slices: String,
+    pub monthly_slice_hours: String,
+    pub max_booking_hours: String,
+}
+
+impl Allocation {
+    pub fn of(q: &Quota) -> Allocation {
+        Allocation {
+            max_active_bookings: q.max_active_bookings,
+            max_gpu_memory_gib: q.max_gpu_memory_gib,
+            max_compute_slices: q.max_compute_slices,
+            monthly_slice_hours: q.monthly_slice_hours,
+            max_booking_hours: q.max_booking_hours,
+        }
+    }
+
+    /// `q` with these amounts.
+    pub fn applied_to(self, q: &Quota) -> Quota {
+        Quota {
+            max_active_bookings: self.max_active_bookings,
+            max_gpu_memory_gib: self.max_gpu_memory_gib,
+            max_compute_slices: self.max_compute_slices,
+            monthly_slice_hours: self.monthly_slice_hours,
+            max_booking_hours: self.max_booking_hours,
+            ..q.clone()
+        }
+    }
+
+    /// (field, label, value) for forms and tables.
+    pub fn rows(self) -> [(&'static str, &'static str, i32); 5] {
+        [
+            ("max_active_bookings", "active bookings", self.max_active_bookings),
+            ("max_gpu_memory_gib", "GiB of GPU memory at once", self.max_gpu_memory_gib),
+            ("max_compute_slices", "compute slices at once", self.max_compute_slices),
+            ("monthly_slice_hours", "slice-hours a month", self.monthly_slice_hours),
+            ("max_booking_hours", "hours the longest booking", self.max_booking_hours),
+        ]
+    }
+}
+
+impl From<Allocation> for AllocationInput {
+    fn from(a: Allocation) -> Self {
+        AllocationInput {
+            max_active_bookings: a.max_active_bookings.to_string(),
+            max_gpu_memory_gib: a.max_gpu_memory_gib.to_string(),
+            max_compute_slices: a.max_compute_slices.to_string(),
+            monthly_slice_hours: a.monthly_slice_hours.to_string(),
+            max_booking_hours: a.max_booking_hours.to_string(),
+        }
+    }
+}
+
+impl AllocationInput {
+    /// Validates the amounts by the quota's own limits, one message per
+    /// bad field (named as the quota's fields).
+    pub fn parse(&self, current: &Quota) -> Result<Allocation, Vec<(&'static str, String)>> {
+        let mut input = QuotaInput::from(current);
+        input.max_active_bookings = self.max_active_bookings.clone();
+        input.max_gpu_memory_gib = self.max_gpu_memory_gib.clone();
+        input.max_compute_slices = self.max_compute_slices.clone();
+        input.monthly_slice_hours = self.monthly_slice_hours.clone();
+        input.max_booking_hours = self.max_booking_hours.clone();
+        input
+            .parse()
+            .map(|q| Allocation::of(&q))
+            .map_err(|errors| errors.into_iter().map(|(f, m)| (f.name(), m)).collect())
+    }
+}
+
 /// Raw quota values as typed by a person.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 pub struct QuotaInput {

@@ -27,7 +27,7 @@ const SESSION_EPOCH: &str = "epoch";
 const SESSION_LOGIN_AT: &str = "login_at";
 
 /// Sign-in attempts allowed per client address per window (any accounts).
-const IP_LIMIT: i32 = 20;
+pub(crate) const IP_LIMIT: i32 = 20;
 /// Attempts allowed per account from one address per window. A stranger
 /// elsewhere cannot use it to lock the owner out.
 const ACCOUNT_LIMIT: i32 = 10;
@@ -36,7 +36,7 @@ const ACCOUNT_LIMIT: i32 = 10;
 /// account has signed in from before are let through, so the owner keeps
 /// getting in while the strangers wait.
 const ACCOUNT_CEILING: i32 = 50;
-const WINDOW_SECS: i32 = 15 * 60;
+pub(crate) const WINDOW_SECS: i32 = 15 * 60;
 
 /// What throttling counts as one client: an IPv4 address, or an IPv6
 /// address's /64 network (a host usually owns a whole /64, and privacy
@@ -52,8 +52,8 @@ pub fn throttle_scope(addr: &str) -> String {
 }
 
 /// The three throttle counters one sign-in attempt counts against.
-struct ThrottleKeys {
-    address: String,
+pub(crate) struct ThrottleKeys {
+    pub(crate) address: String,
     pair: String,
     account: String,
 }
@@ -62,7 +62,7 @@ impl ThrottleKeys {
     /// Each counter has its own prefix, so no typed e-mail address can
     /// name another counter's key (`x@y|1.2.3.4` as an address must not
     /// count against the owner of `x@y` at 1.2.3.4).
-    fn new(addr: &str, email: &str) -> Self {
+    pub(crate) fn new(addr: &str, email: &str) -> Self {
         ThrottleKeys {
             address: format!("ip:{addr}"),
             pair: format!("pair:{email}|{addr}"),
@@ -325,13 +325,8 @@ pub async fn login_page(
     let (token, set_cookie) =
         super::csrf::pre_session_token(&headers, state.settings.secure_cookies);
     let ctx = PageCtx::sign_in(&session, token).await?;
-    let mut resp = LoginPage {
-        ctx,
-        email: String::new(),
-        next: safe_next(q.next.as_deref()),
-        error: None,
-    }
-    .into_response();
+    let mut resp =
+        LoginPage::new(&state, ctx, String::new(), safe_next(q.next.as_deref()), None).into_response();
     if let Some(c) = set_cookie {
         resp.headers_mut().append(header::SET_COOKIE, c);
     }
@@ -382,14 +377,15 @@ pub async fn login(
     // No address is longer (RFC 5321); a longer one is refused before it
     // reaches the throttle table or the audit log.
     if form.email.trim().len() > MAX_EMAIL_LEN {
-        let page = LoginPage {
-            ctx: sign_in_ctx(&state, &session, &headers).await?,
-            email: String::new(),
+        let page = LoginPage::new(
+            &state,
+            sign_in_ctx(&state, &session, &headers).await?,
+            String::new(),
             next,
-            error: Some(format!(
+            Some(format!(
                 "An e-mail address has at most {MAX_EMAIL_LEN} characters."
             )),
-        };
+        );
         return Ok((StatusCode::UNPROCESSABLE_ENTITY, page).into_response());
     }
     let email_key = form.email.trim().to_lowercase();
@@ -442,13 +438,15 @@ pub async fn login(
         }
     }
 
-    // Unknown accounts are checked against a dummy hash so that they take as
-    // long as a wrong password for a real one.
+    // A local password counts only where local passwords are on (or for
+    // the break-glass admin). Unknown accounts are checked against a dummy
+    // hash so that they take as long as a wrong password for a real one.
+    let creds = creds.filter(|_| state.sso.password_allowed(&email_key));
     let stored = creds
         .as_ref()
         .map(|c| c.password_hash.clone())
         .unwrap_or_else(|| state.dummy_hash.to_string());
-    let matches = match state.check_password(stored, form.password).await {
+    let matches = match state.check_password(stored, form.password.clone()).await {
         Ok(m) => m,
         Err(busy) => {
             // Not checked: the attempt does not count against anyone.
@@ -463,6 +461,44 @@ pub async fn login(
         client_addr: Some(addr.clone()),
     };
     let ok_user = creds.filter(|c| matches && !c.disabled);
+    // Not a local account (or not its password): the campus directory.
+    if let (None, Some(ldap)) = (&ok_user, &state.sso.ldap) {
+        if let Some(who) = ldap.authenticate(&form.email, &form.password).await? {
+            let (user_id, epoch) = match super::sso::provision(&state, &who, &addr).await {
+                Ok(u) => u,
+                Err(AppError::Forbidden(m)) | Err(AppError::Conflict(m)) => {
+                    return login_error(&state, &session, &headers, StatusCode::FORBIDDEN, m).await;
+                }
+                Err(e) => return Err(e),
+            };
+            keys.forgive(&state.pool).await?;
+            db::throttle::clear(&state.pool, &keys.pair).await?;
+            let actor = Actor {
+                user_id: Some(user_id),
+                email: Some(who.email.as_str().to_string()),
+                client_addr: Some(addr.clone()),
+            };
+            begin_session(
+                &state,
+                &session,
+                SignedIn {
+                    user_id,
+                    session_epoch: epoch,
+                    email: who.email.as_str(),
+                    addr_key: &addr_key,
+                    actor: &actor,
+                    how: "ldap",
+                },
+            )
+            .await?;
+            let mut resp = Redirect::to(&next).into_response();
+            resp.headers_mut().append(
+                header::SET_COOKIE,
+                super::csrf::clear_pre_cookie(state.settings.secure_cookies),
+            );
+            return Ok(resp);
+        }
+    }
     let Some(creds) = ok_user else {
         if let Some(id) = actor.user_id {
             db::users::record_login(&state.pool, id, false).await?;
@@ -476,33 +512,34 @@ pub async fn login(
         )
         .await?;
         let ctx = sign_in_ctx(&state, &session, &headers).await?;
-        let page = LoginPage {
-            ctx,
-            email: form.email.trim().to_string(),
-            next,
-            error: Some("That e-mail address and password do not match an account.".into()),
+        let message = if state.sso.ldap.is_some() {
+            "That name and password do not match an account or the campus directory."
+        } else {
+            "That e-mail address and password do not match an account."
         };
+        let page = LoginPage::new(
+            &state,
+            ctx,
+            form.email.trim().to_string(),
+            next,
+            Some(message.into()),
+        );
         return Ok((StatusCode::UNAUTHORIZED, page).into_response());
     };
 
-    // A fresh session id at sign-in defeats session fixation.
-    session.cycle_id().await?;
-    session.insert(SESSION_USER, creds.id).await?;
-    session.insert(SESSION_EPOCH, creds.session_epoch).await?;
-    session
-        .insert(SESSION_LOGIN_AT, OffsetDateTime::now_utc().unix_timestamp())
-        .await?;
-    super::csrf::rotate(&session).await?;
     keys.forgive(&state.pool).await?;
     db::throttle::clear(&state.pool, &keys.pair).await?;
-    db::throttle::remember_address(&state.pool, creds.id, &addr_key).await?;
-    db::users::record_login(&state.pool, creds.id, true).await?;
-    db::audit::record(
-        &state.pool,
-        &actor,
-        "login.succeeded",
-        &email_key,
-        serde_json::json!({}),
+    begin_session(
+        &state,
+        &session,
+        SignedIn {
+            user_id: creds.id,
+            session_epoch: creds.session_epoch,
+            email: &email_key,
+            addr_key: &addr_key,
+            actor: &actor,
+            how: "password",
+        },
     )
     .await?;
     let mut resp = Redirect::to(&next).into_response();
@@ -511,6 +548,83 @@ pub async fn login(
         super::csrf::clear_pre_cookie(state.settings.secure_cookies),
     );
     Ok(resp)
+}
+
+/// The sign-in page again with `why` (single sign-on refusals).
+pub async fn login_error(
+    state: &AppState,
+    session: &Session,
+    headers: &HeaderMap,
+    status: StatusCode,
+    why: String,
+) -> Result<Response, AppError> {
+    let (token, set_cookie) =
+        super::csrf::pre_session_token(headers, state.settings.secure_cookies);
+    let ctx = PageCtx::sign_in(session, token).await?;
+    let mut resp = (
+        status,
+        LoginPage::new(state, ctx, String::new(), "/".into(), Some(why)),
+    )
+        .into_response();
+    if let Some(c) = set_cookie {
+        resp.headers_mut().append(header::SET_COOKIE, c);
+    }
+    Ok(resp)
+}
+
+/// Who just proved who they are, and how.
+pub struct SignedIn<'a> {
+    pub user_id: i64,
+    pub session_epoch: i32,
+    /// The account's address (lower case).
+    pub email: &'a str,
+    /// The client's address as the throttle counts it.
+    pub addr_key: &'a str,
+    pub actor: &'a Actor,
+    /// `password`, `oidc`, `ldap` or `invitation` (audited).
+    pub how: &'a str,
+}
+
+/// Starts a signed-in session for every way of signing in: a fresh
+/// session id (defeats session fixation), a new CSRF token, the address
+/// remembered as known, the sign-in recorded and audited, and any open
+/// invitations of the address turned into memberships.
+pub async fn begin_session(
+    state: &AppState,
+    session: &Session,
+    who: SignedIn<'_>,
+) -> Result<(), AppError> {
+    session.cycle_id().await?;
+    session.insert(SESSION_USER, who.user_id).await?;
+    session.insert(SESSION_EPOCH, who.session_epoch).await?;
+    session
+        .insert(SESSION_LOGIN_AT, OffsetDateTime::now_utc().unix_timestamp())
+        .await?;
+    super::csrf::rotate(session).await?;
+    db::throttle::remember_address(&state.pool, who.user_id, who.addr_key).await?;
+    db::users::record_login(&state.pool, who.user_id, true).await?;
+    let mut tx = state.pool.begin().await?;
+    let joined = db::manage::accept_invitations(&mut tx, who.user_id, who.email).await?;
+    for (tenant, role) in &joined {
+        db::audit::record(
+            &mut *tx,
+            who.actor,
+            "invitation.accepted",
+            who.email,
+            serde_json::json!({"tenant": tenant, "role": role}),
+        )
+        .await?;
+    }
+    db::audit::record(
+        &mut *tx,
+        who.actor,
+        "login.succeeded",
+        who.email,
+        serde_json::json!({"via": who.how}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 pub async fn logout(
@@ -644,4 +758,6 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
+        .route("/auth/oidc/start", get(super::sso::oidc::start))
+        .route("/auth/oidc/callback", get(super::sso::oidc::callback))
 }

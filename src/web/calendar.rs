@@ -120,7 +120,7 @@ pub async fn feed(
 /// The site's address as the browser reached it (scheme by the cookie
 /// setting; a Host header that is not a plain host name and port is not
 /// trusted).
-fn base_url(state: &AppState, headers: &HeaderMap) -> String {
+pub fn base_url(state: &AppState, headers: &HeaderMap) -> String {
     let scheme = if state.settings.secure_cookies {
         "https"
     } else {

@@ -1,8 +1,8 @@
-//! The dashboard and the tenant page members see.
+//! The dashboard.
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::get;
 use axum::Router;
 use tower_sessions::Session;
@@ -11,7 +11,7 @@ use super::auth::CurrentUser;
 use super::error::AppError;
 use super::pages::PageCtx;
 use super::AppState;
-use crate::db::{self, tenants::Member, tenants::Tenant};
+use crate::db::{self, tenants::Tenant};
 
 /// One tenant on the dashboard with the user's role in it and its use.
 pub struct MyTenant {
@@ -132,78 +132,7 @@ pub async fn dashboard(
     })
 }
 
-#[derive(Template, WebTemplate)]
-#[template(path = "tenant.html")]
-pub struct TenantPage {
-    ctx: PageCtx,
-    tenant: Tenant,
-    can_see_members: bool,
-    members: Vec<Member>,
-    qos: Vec<db::bookings::QosEvent>,
-    /// Managers: this month's ended bookings that a smaller slice would
-    /// have served, and the slice-hours that would have saved.
-    rightsizing: Option<(usize, usize, String)>,
-}
-
-/// A tenant's quota (members), plus its people (managers and admins).
-/// Someone outside the tenant gets 404: they learn nothing, not even that
-/// the slug exists.
-pub async fn tenant(
-    State(state): State<AppState>,
-    session: Session,
-    user: CurrentUser,
-    Path(slug): Path<String>,
-) -> Result<TenantPage, AppError> {
-    let id = db::tenants::id_by_slug(&state.pool, &slug)
-        .await?
-        .ok_or(AppError::NotFound)?;
-    let membership = user.membership(id);
-    if membership.is_none() && !user.is_admin() {
-        return Err(AppError::NotFound);
-    }
-    let can_see_members = user.is_admin() || membership.is_some_and(|m| m.is_manager());
-    let members = if can_see_members {
-        db::tenants::members(&state.pool, id).await?
-    } else {
-        Vec::new()
-    };
-    let rightsizing = if can_see_members {
-        let now = time::OffsetDateTime::now_utc();
-        let month = now
-            .replace_day(1)
-            .map(|d| d.replace_time(time::Time::MIDNIGHT))
-            .unwrap_or(now);
-        let ended = db::bookings::ended_since(&state.pool, id, month).await?;
-        let advised: Vec<_> = ended
-            .iter()
-            .filter_map(|b| {
-                let hours = (b.end - b.start).as_seconds_f64() / 3600.0;
-                b.advice().map(|a| {
-                    crate::domain::rightsize::saved_slice_hours(&a, b.compute_slices, hours)
-                })
-            })
-            .collect();
-        Some((
-            ended.len(),
-            advised.len(),
-            format!("{:.1}", advised.iter().sum::<f64>()),
-        ))
-    } else {
-        None
-    };
-    Ok(TenantPage {
-        ctx: PageCtx::new(&session, Some(&user)).await?,
-        tenant: db::tenants::get(&state.pool, id).await?,
-        can_see_members,
-        members,
-        qos: db::bookings::qos_ledger(&state.pool, id, 100).await?,
-        rightsizing,
-    })
-}
-
-/// The dashboard and tenant pages.
+/// The dashboard.
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(dashboard))
-        .route("/tenants/{slug}", get(tenant))
+    Router::new().route("/", get(dashboard))
 }

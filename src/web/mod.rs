@@ -13,11 +13,14 @@ pub mod error;
 pub mod fleet;
 pub mod forms;
 pub mod home;
+pub mod invite;
 pub mod ops;
 pub mod optimizer;
 pub mod pages;
 pub mod security;
 pub mod settings;
+pub mod sso;
+pub mod tenant;
 pub mod timeline;
 pub mod usage;
 
@@ -111,6 +114,8 @@ pub struct AppState {
     /// Requests in flight per client (address, or IPv6 /64): one client may
     /// hold at most half of the request slots.
     pub in_flight: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Single sign-on (OpenID Connect, LDAP) and the group mapping.
+    pub sso: Arc<sso::Sso>,
 }
 
 impl AppState {
@@ -138,6 +143,7 @@ impl AppState {
                 settings.max_concurrent_requests.max(1),
             )),
             in_flight: Arc::default(),
+            sso: Arc::default(),
             settings: Arc::new(settings),
         })
     }
@@ -360,6 +366,8 @@ pub fn router(state: AppState) -> Router {
 
     Router::new()
         .merge(home::routes())
+        .merge(tenant::routes())
+        .merge(invite::routes())
         .merge(auth::routes())
         .merge(bookings::routes())
         .merge(usage::routes())

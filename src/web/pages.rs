@@ -90,6 +90,30 @@ pub struct LoginPage {
     pub email: String,
     pub next: String,
     pub error: Option<String>,
+    /// "Sign in with …" (OpenID Connect on).
+    pub sso: Option<String>,
+    /// The password form: local passwords or LDAP.
+    pub password_form: bool,
+    /// The form is for a break-glass admin only (folded away).
+    pub break_glass: bool,
+    /// LDAP is on: a campus user name works as well as an address.
+    pub ldap: bool,
+}
+
+impl LoginPage {
+    pub fn new(state: &super::AppState, ctx: PageCtx, email: String, next: String, error: Option<String>) -> Self {
+        let sso = &state.sso;
+        LoginPage {
+            ctx,
+            email,
+            next,
+            error,
+            sso: sso.button_label(),
+            password_form: sso.ldap.is_some() || sso.password_allowed_for_anyone(),
+            break_glass: sso.ldap.is_none() && !sso.local_passwords(),
+            ldap: sso.ldap.is_some(),
+        }
+    }
 }
 
 #[derive(Template)]

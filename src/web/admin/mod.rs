@@ -1,6 +1,7 @@
 //! Admin pages: tenants and their quotas, users and memberships, the audit
 //! log. Every handler takes the [`Admin`] extractor.
 
+mod requests;
 mod tenants;
 mod users;
 
@@ -22,6 +23,7 @@ use crate::db;
 /// Most audit entries the audit page shows (newest first).
 const AUDIT_LIMIT: i64 = 500;
 
+pub use requests::*;
 pub use tenants::*;
 pub use users::*;
 
@@ -54,6 +56,8 @@ pub async fn audit(
         ("tenant.", "tenants"),
         ("user.", "users"),
         ("membership.", "memberships"),
+        ("invitation.", "invitations"),
+        ("allocation.", "allocation requests"),
         ("token.", "API tokens"),
     ];
     let filter = filters
@@ -106,4 +110,6 @@ pub fn routes() -> Router<AppState> {
             post(remove_membership),
         )
         .route("/admin/audit", get(audit))
+        .route("/admin/requests", get(requests))
+        .route("/admin/requests/{id}", post(decide))
 }
