@@ -278,8 +278,18 @@ impl TestApp {
     }
 
     pub async fn spawn_with(settings: WebSettings) -> TestApp {
+        Self::spawn_configured(settings, |_| {}).await
+    }
+
+    /// A server whose state `configure` adjusts before it serves (single
+    /// sign-on, booking limits).
+    pub async fn spawn_configured(
+        settings: WebSettings,
+        configure: impl FnOnce(&mut AppState),
+    ) -> TestApp {
         let (pool, options, db_name) = fresh_db().await;
-        let state = AppState::new(pool.clone(), settings).await.unwrap();
+        let mut state = AppState::new(pool.clone(), settings).await.unwrap();
+        configure(&mut state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(gpuslice::web::serve(
