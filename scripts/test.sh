@@ -16,12 +16,21 @@ if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb 
 fi
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+# A real LDAP directory (OpenLDAP's slapd) and openssl for its certificate.
+[ -x /usr/sbin/slapd ] || command -v slapd >/dev/null 2>&1 || need+=(slapd)
+command -v ldapadd >/dev/null 2>&1 || need+=(ldap-utils)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${need[*]} ..."
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
+    # slapd's package must not start a system directory of its own.
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d.gpuslice
+    [ -e /usr/sbin/policy-rc.d ] || { cp /usr/sbin/policy-rc.d.gpuslice /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; remove_policy=1; }
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    [ "${remove_policy:-0}" = 1 ] && rm -f /usr/sbin/policy-rc.d
+    rm -f /usr/sbin/policy-rc.d.gpuslice
   else
     echo "error: the tests need ${need[*]}; install them (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
     exit 1
@@ -41,18 +50,18 @@ stop_test_db() {
 }
 trap stop_test_db EXIT
 
-# A real SMTP server (aiosmtpd), the Prometheus client's parser and an
-# independent iCalendar parser for the alert, metrics and calendar tests, in
-# a private Python environment.
+# A real SMTP server (aiosmtpd), the Prometheus client's parser, an
+# independent iCalendar parser and the signing for the test's OpenID Connect
+# provider (cryptography), in a private Python environment.
 py=target/test-py
-if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client, icalendar" 2>/dev/null; then
+if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client, icalendar, cryptography" 2>/dev/null; then
   if ! command -v python3 >/dev/null 2>&1; then
     echo "error: the tests need python3 (Debian/Ubuntu: sudo apt-get install python3 python3-venv)" >&2
     exit 1
   fi
-  echo "installing aiosmtpd, prometheus-client and icalendar into $py ..."
+  echo "installing aiosmtpd, prometheus-client, icalendar and cryptography into $py ..."
   python3 -m venv "$py"
-  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1" "icalendar>=5,<7"
+  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1" "icalendar>=5,<7" "cryptography>=42"
 fi
 export GPUSLICE_TEST_PYTHON="$PWD/$py/bin/python"
 
