@@ -59,7 +59,10 @@ fn provider() -> Option<Provider> {
         );
         return None;
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/oidc_provider.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/oidc_provider.py"
+    );
     let mut child = Command::new(&python)
         .args([script, "gpuslice-test", "s3cret"])
         .stdout(Stdio::piped())
@@ -107,7 +110,10 @@ async fn through_provider(app: &TestApp, browser: &Client) -> String {
         .unwrap();
     assert_eq!(start.status(), 303);
     let authorize = location(&start);
-    assert!(authorize.contains("code_challenge_method=S256") && authorize.contains("nonce="), "{authorize}");
+    assert!(
+        authorize.contains("code_challenge_method=S256") && authorize.contains("nonce="),
+        "{authorize}"
+    );
     let at_provider = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -150,34 +156,69 @@ fn t(slug: &str, role: &str, source: &str) -> (String, String, String) {
 async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
     let Some(p) = provider() else { return };
     let s = sso(&[
-        "--oidc-issuer", &p.url, "--oidc-client-id", "gpuslice-test", "--oidc-client-secret", "s3cret",
-        "--oidc-name", "Uni Login", "--sso-groups", MAPPING,
+        "--oidc-issuer",
+        &p.url,
+        "--oidc-client-id",
+        "gpuslice-test",
+        "--oidc-client-secret",
+        "s3cret",
+        "--oidc-name",
+        "Uni Login",
+        "--sso-groups",
+        MAPPING,
     ]);
-    let app = TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    let app =
+        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
     app.tenant("vision-lab").await;
     app.tenant("other").await;
-    let login = app.client().get(app.url("/login")).send().await.unwrap().text().await.unwrap();
+    let login = app
+        .client()
+        .get(app.url("/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(login.contains("Sign in with Uni Login"), "{login}");
 
     // First sign-in: the account is made, the group grants membership.
-    as_user(&p, "u-ana", "ana@uni.edu", true, &["gpu-vision-lab", "unrelated"]).await;
+    as_user(
+        &p,
+        "u-ana",
+        "ana@uni.edu",
+        true,
+        &["gpu-vision-lab", "unrelated"],
+    )
+    .await;
     let browser = app.client();
     let r = sign_in(&app, &browser).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(location(&r), "/tenants/vision-lab");
-    let page = browser.get(app.url("/tenants/vision-lab")).send().await.unwrap();
+    let page = browser
+        .get(app.url("/tenants/vision-lab"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(page.status(), 200);
-    assert_eq!(roles(&app, "ana@uni.edu").await, ("none".into(), vec![t("vision-lab", "member", "sso")]));
+    assert_eq!(
+        roles(&app, "ana@uni.edu").await,
+        ("none".into(), vec![t("vision-lab", "member", "sso")])
+    );
     let created: i64 = app
         .one("SELECT count(*) FROM audit_log WHERE action = 'user.created' AND detail->>'via' = 'oidc'")
         .await;
     assert_eq!(created, 1);
     // No password opens a single sign-on account.
-    let r = app.login_as(&app.client(), "ana@uni.edu", common::PASSWORD).await;
+    let r = app
+        .login_as(&app.client(), "ana@uni.edu", common::PASSWORD)
+        .await;
     assert_eq!(r.status(), 401);
 
     // A manual membership elsewhere stays whatever the groups say.
-    let ana: i64 = app.one("SELECT id FROM users WHERE email = 'ana@uni.edu'").await;
+    let ana: i64 = app
+        .one("SELECT id FROM users WHERE email = 'ana@uni.edu'")
+        .await;
     let other: i64 = app.one("SELECT id FROM tenants WHERE slug = 'other'").await;
     sqlx::query("INSERT INTO memberships (user_id, tenant_id, role) VALUES ($1, $2, 'member')")
         .bind(ana)
@@ -187,18 +228,34 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
         .unwrap();
 
     // Groups change: manager and admin at the next sign-in.
-    as_user(&p, "u-ana", "ana@uni.edu", true, &["gpu-vision-pis", "gpu-admins"]).await;
+    as_user(
+        &p,
+        "u-ana",
+        "ana@uni.edu",
+        true,
+        &["gpu-vision-pis", "gpu-admins"],
+    )
+    .await;
     let r = sign_in(&app, &app.client()).await;
     assert_eq!(r.status(), 303);
     assert_eq!(
         roles(&app, "ana@uni.edu").await,
-        ("admin".into(), vec![t("other", "member", "manual"), t("vision-lab", "manager", "sso")])
+        (
+            "admin".into(),
+            vec![
+                t("other", "member", "manual"),
+                t("vision-lab", "manager", "sso")
+            ]
+        )
     );
     // Groups gone: what the mapping granted goes, the manual one stays.
     as_user(&p, "u-ana", "ana@uni.edu", true, &[]).await;
     let r = sign_in(&app, &app.client()).await;
     assert_eq!(r.status(), 303);
-    assert_eq!(roles(&app, "ana@uni.edu").await, ("none".into(), vec![t("other", "member", "manual")]));
+    assert_eq!(
+        roles(&app, "ana@uni.edu").await,
+        ("none".into(), vec![t("other", "member", "manual")])
+    );
     let changes: i64 = app
         .one("SELECT count(*) FROM audit_log WHERE action LIKE 'sso.%'")
         .await;
@@ -209,10 +266,17 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
 async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified_links() {
     let Some(p) = provider() else { return };
     let s = sso(&[
-        "--oidc-issuer", &p.url, "--oidc-client-id", "gpuslice-test", "--oidc-client-secret", "s3cret",
-        "--sso-groups", MAPPING,
+        "--oidc-issuer",
+        &p.url,
+        "--oidc-client-id",
+        "gpuslice-test",
+        "--oidc-client-secret",
+        "s3cret",
+        "--sso-groups",
+        MAPPING,
     ]);
-    let app = TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    let app =
+        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
     app.tenant("vision-lab").await;
     as_user(&p, "u-bob", "bob@uni.edu", true, &["gpu-vision-lab"]).await;
     let signed_in = |c: Client| {
@@ -246,8 +310,17 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
     let thief = app.client();
     let fresh = through_provider(&app, &thief).await;
     let state = fresh.split("state=").nth(1).unwrap();
-    let code = back.split("code=").nth(1).unwrap().split('&').next().unwrap();
-    let replay = format!("{}?code={code}&state={state}", app.url("/auth/oidc/callback"));
+    let code = back
+        .split("code=")
+        .nth(1)
+        .unwrap()
+        .split('&')
+        .next()
+        .unwrap();
+    let replay = format!(
+        "{}?code={code}&state={state}",
+        app.url("/auth/oidc/callback")
+    );
     let r = thief.get(replay).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert!(r.text().await.unwrap().contains("refused the sign-in code"));
@@ -266,7 +339,9 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
     as_user(&p, "u-mallory", "carol@uni.edu", false, &[]).await;
     let r = sign_in(&app, &app.client()).await;
     assert_eq!(r.status(), 403);
-    let linked: i64 = app.one("SELECT count(*) FROM external_identities WHERE subject LIKE '%u-mallory'").await;
+    let linked: i64 = app
+        .one("SELECT count(*) FROM external_identities WHERE subject LIKE '%u-mallory'")
+        .await;
     assert_eq!(linked, 0);
 }
 
@@ -274,16 +349,313 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
 async fn local_passwords_off_leaves_only_the_break_glass_admin() {
     let Some(p) = provider() else { return };
     let s = sso(&[
-        "--oidc-issuer", &p.url, "--oidc-client-id", "gpuslice-test", "--oidc-client-secret", "s3cret",
-        "--local-passwords", "off", "--break-glass-admin", "root@uni.edu",
+        "--oidc-issuer",
+        &p.url,
+        "--oidc-client-id",
+        "gpuslice-test",
+        "--oidc-client-secret",
+        "s3cret",
+        "--local-passwords",
+        "off",
+        "--break-glass-admin",
+        "root@uni.edu",
     ]);
-    let app = TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    let app =
+        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
     app.user("root@uni.edu", "admin", &[]).await;
     app.user("ana@uni.edu", "none", &[]).await;
-    let r = app.login_as(&app.client(), "ana@uni.edu", common::PASSWORD).await;
+    let r = app
+        .login_as(&app.client(), "ana@uni.edu", common::PASSWORD)
+        .await;
     assert_eq!(r.status(), 401);
-    let r = app.login_as(&app.client(), "root@uni.edu", common::PASSWORD).await;
+    let r = app
+        .login_as(&app.client(), "root@uni.edu", common::PASSWORD)
+        .await;
     assert_eq!(r.status(), 303);
-    let page = app.client().get(app.url("/login")).send().await.unwrap().text().await.unwrap();
+    let page = app
+        .client()
+        .get(app.url("/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("Administrator sign-in"), "{page}");
+}
+
+/// OpenLDAP's slapd on LDAPS with a CA and certificate made here, stopped
+/// when dropped.
+struct Directory {
+    child: Child,
+    url: String,
+    ca: std::path::PathBuf,
+    _dir: tempdir::Dir,
+}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+mod tempdir {
+    /// A folder removed when dropped.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+const PEOPLE: &str = "ou=people,dc=uni,dc=edu";
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn directory() -> Option<Directory> {
+    let slapd = ["/usr/sbin/slapd", "/usr/local/sbin/slapd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let (Some(slapd), true) = (
+        slapd,
+        Command::new("openssl").arg("version").output().is_ok(),
+    ) else {
+        common::skip_or_require(
+            "LDAP sign-in",
+            "OpenLDAP's slapd or openssl is not installed (scripts/test.sh installs them)",
+        );
+        return None;
+    };
+    if !std::path::Path::new("/etc/ldap/schema/inetorgperson.schema").exists() {
+        common::skip_or_require(
+            "LDAP sign-in",
+            "slapd's schema files are missing (/etc/ldap/schema)",
+        );
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "gpuslice-ldap-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(dir.join("db")).unwrap();
+    let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    // A CA and a certificate for 127.0.0.1 it signs.
+    run(Command::new("openssl").args([
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=gpuslice test CA",
+        "-keyout",
+        &d("ca.key"),
+        "-out",
+        &d("ca.pem"),
+    ]));
+    run(Command::new("openssl").args([
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        &d("server.key"),
+        "-out",
+        &d("server.csr"),
+    ]));
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(Command::new("openssl").args([
+        "x509",
+        "-req",
+        "-in",
+        &d("server.csr"),
+        "-CA",
+        &d("ca.pem"),
+        "-CAkey",
+        &d("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &d("san.ext"),
+        "-out",
+        &d("server.pem"),
+    ]));
+    let conf = format!(
+        "include /etc/ldap/schema/core.schema\n\
+         include /etc/ldap/schema/cosine.schema\n\
+         include /etc/ldap/schema/inetorgperson.schema\n\
+         modulepath /usr/lib/ldap\n\
+         moduleload back_mdb\n\
+         pidfile {pid}\n\
+         TLSCACertificateFile {ca}\n\
+         TLSCertificateFile {cert}\n\
+         TLSCertificateKeyFile {key}\n\
+         database mdb\n\
+         maxsize 10485760\n\
+         suffix \"dc=uni,dc=edu\"\n\
+         rootdn \"cn=admin,dc=uni,dc=edu\"\n\
+         rootpw directory-admin-secret\n\
+         directory {db}\n\
+         access to attrs=userPassword by self write by anonymous auth by * none\n\
+         access to * by * read\n",
+        pid = d("slapd.pid"),
+        ca = d("ca.pem"),
+        cert = d("server.pem"),
+        key = d("server.key"),
+        db = d("db"),
+    );
+    std::fs::write(dir.join("slapd.conf"), conf).unwrap();
+    let ldif = format!(
+        "dn: dc=uni,dc=edu\nobjectClass: dcObject\nobjectClass: organization\no: Uni\ndc: uni\n\n\
+         dn: {PEOPLE}\nobjectClass: organizationalUnit\nou: people\n\n\
+         dn: ou=groups,dc=uni,dc=edu\nobjectClass: organizationalUnit\nou: groups\n\n\
+         dn: uid=dana,{PEOPLE}\nobjectClass: inetOrgPerson\nuid: dana\ncn: Dana Scully\nsn: Scully\nmail: Dana@Uni.edu\nuserPassword: dana campus passphrase\n\n\
+         dn: uid=erin,{PEOPLE}\nobjectClass: inetOrgPerson\nuid: erin\ncn: Erin\nsn: Erin\nmail: erin@uni.edu\nuserPassword: erin campus passphrase\n\n\
+         dn: cn=gpu-vision-pis,ou=groups,dc=uni,dc=edu\nobjectClass: groupOfNames\ncn: gpu-vision-pis\nmember: uid=dana,{PEOPLE}\n"
+    );
+    std::fs::write(dir.join("data.ldif"), ldif).unwrap();
+    run(Command::new("/usr/sbin/slapadd").args(["-f", &d("slapd.conf"), "-l", &d("data.ldif")]));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("ldaps://127.0.0.1:{port}/");
+    let child = Command::new(slapd)
+        .args(["-f", &d("slapd.conf"), "-h", &url, "-d", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed().as_secs() < 20, "slapd did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Some(Directory {
+        child,
+        url,
+        ca: dir.join("ca.pem"),
+        _dir: tempdir::Dir(dir),
+    })
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64
+}
+
+#[tokio::test]
+async fn ldap_binds_as_the_person_over_tls_and_maps_their_groups() {
+    let Some(dir) = directory() else { return };
+    let ca = dir.ca.to_string_lossy().into_owned();
+    let s = sso(&[
+        "--ldap-url",
+        &dir.url,
+        "--ldap-ca-file",
+        &ca,
+        "--ldap-bind-dn",
+        "cn=admin,dc=uni,dc=edu",
+        "--ldap-bind-password",
+        "directory-admin-secret",
+        "--ldap-user-base",
+        PEOPLE,
+        "--ldap-group-base",
+        "ou=groups,dc=uni,dc=edu",
+        "--sso-groups",
+        MAPPING,
+    ]);
+    let app =
+        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    app.tenant("vision-lab").await;
+    let page = app
+        .client()
+        .get(app.url("/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("campus user name"), "{page}");
+
+    // By user name: the account is made, the group makes a manager.
+    let r = app
+        .login_as(&app.client(), "dana", "dana campus passphrase")
+        .await;
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    assert_eq!(
+        roles(&app, "dana@uni.edu").await,
+        ("none".into(), vec![t("vision-lab", "manager", "sso")])
+    );
+    // By address, the same account.
+    let r = app
+        .login_as(&app.client(), "dana@uni.edu", "dana campus passphrase")
+        .await;
+    assert_eq!(r.status(), 303);
+    let accounts: i64 = app.one("SELECT count(*) FROM users").await;
+    assert_eq!(accounts, 1);
+    let via: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'login.succeeded' AND detail->>'via' = 'ldap'")
+        .await;
+    assert_eq!(via, 2);
+    // Someone without groups gets an account and no tenant.
+    let r = app
+        .login_as(&app.client(), "erin", "erin campus passphrase")
+        .await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(roles(&app, "erin@uni.edu").await, ("none".into(), vec![]));
+
+    // Wrong password, empty password (an unauthenticated bind would pass),
+    // a filter wildcard, nobody.
+    for (who, pw) in [
+        ("dana", "wrong"),
+        ("dana", ""),
+        ("*", "dana campus passphrase"),
+        ("nobody", "x"),
+    ] {
+        let r = app.login_as(&app.client(), who, pw).await;
+        assert_eq!(r.status(), 401, "{who}/{pw}");
+    }
+    let failed: i64 = app
+        .one("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
+        .await;
+    assert_eq!(failed, 4);
+
+    // Passwords never cross in the clear: plain ldap:// without StartTLS
+    // is refused when the server starts.
+    let w = Settings::try_parse_from([
+        "gpuslice",
+        "--ldap-url",
+        "ldap://127.0.0.1:389",
+        "--ldap-user-base",
+        PEOPLE,
+    ])
+    .unwrap();
+    let e = gpuslice::web::sso::Sso::from_args(&w.sso)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("never sent in the clear"), "{e}");
 }

@@ -170,7 +170,11 @@ pub struct SsoArgs {
     #[arg(long, env = "GPUSLICE_OIDC_CLIENT_SECRET", hide_env_values = true)]
     pub oidc_client_secret: Option<String>,
     /// Scopes asked for, space-separated (openid is always asked).
-    #[arg(long, env = "GPUSLICE_OIDC_SCOPES", default_value = "openid email profile")]
+    #[arg(
+        long,
+        env = "GPUSLICE_OIDC_SCOPES",
+        default_value = "openid email profile"
+    )]
     pub oidc_scopes: String,
     /// The ID token claim that holds the e-mail address.
     #[arg(long, env = "GPUSLICE_OIDC_EMAIL_CLAIM", default_value = "email")]
@@ -201,13 +205,21 @@ pub struct SsoArgs {
     #[arg(long, env = "GPUSLICE_LDAP_USER_BASE", default_value = "")]
     pub ldap_user_base: String,
     /// How to find a person; {login} is the name typed.
-    #[arg(long, env = "GPUSLICE_LDAP_USER_FILTER", default_value = "(|(uid={login})(mail={login}))")]
+    #[arg(
+        long,
+        env = "GPUSLICE_LDAP_USER_FILTER",
+        default_value = "(|(uid={login})(mail={login}))"
+    )]
     pub ldap_user_filter: String,
     /// Where groups live (unset: no groups are read).
     #[arg(long, env = "GPUSLICE_LDAP_GROUP_BASE")]
     pub ldap_group_base: Option<String>,
     /// How to find a person's groups; {dn} is their entry, {uid} their user name.
-    #[arg(long, env = "GPUSLICE_LDAP_GROUP_FILTER", default_value = "(|(member={dn})(uniqueMember={dn})(memberUid={uid}))")]
+    #[arg(
+        long,
+        env = "GPUSLICE_LDAP_GROUP_FILTER",
+        default_value = "(|(member={dn})(uniqueMember={dn})(memberUid={uid}))"
+    )]
     pub ldap_group_filter: String,
     #[arg(long, env = "GPUSLICE_LDAP_GROUP_ATTR", default_value = "cn")]
     pub ldap_group_attr: String,

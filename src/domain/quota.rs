@@ -126,11 +126,31 @@ impl Allocation {
     /// (field, label, value) for forms and tables.
     pub fn rows(self) -> [(&'static str, &'static str, i32); 5] {
         [
-            ("max_active_bookings", "active bookings", self.max_active_bookings),
-            ("max_gpu_memory_gib", "GiB of GPU memory at once", self.max_gpu_memory_gib),
-            ("max_compute_slices", "compute slices at once", self.max_compute_slices),
-            ("monthly_slice_hours", "slice-hours a month", self.monthly_slice_hours),
-            ("max_booking_hours", "hours the longest booking", self.max_booking_hours),
+            (
+                "max_active_bookings",
+                "active bookings",
+                self.max_active_bookings,
+            ),
+            (
+                "max_gpu_memory_gib",
+                "GiB of GPU memory at once",
+                self.max_gpu_memory_gib,
+            ),
+            (
+                "max_compute_slices",
+                "compute slices at once",
+                self.max_compute_slices,
+            ),
+            (
+                "monthly_slice_hours",
+                "slice-hours a month",
+                self.monthly_slice_hours,
+            ),
+            (
+                "max_booking_hours",
+                "hours the longest booking",
+                self.max_booking_hours,
+            ),
         ]
     }
 }

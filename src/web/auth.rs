@@ -325,8 +325,14 @@ pub async fn login_page(
     let (token, set_cookie) =
         super::csrf::pre_session_token(&headers, state.settings.secure_cookies);
     let ctx = PageCtx::sign_in(&session, token).await?;
-    let mut resp =
-        LoginPage::new(&state, ctx, String::new(), safe_next(q.next.as_deref()), None).into_response();
+    let mut resp = LoginPage::new(
+        &state,
+        ctx,
+        String::new(),
+        safe_next(q.next.as_deref()),
+        None,
+    )
+    .into_response();
     if let Some(c) = set_cookie {
         resp.headers_mut().append(header::SET_COOKIE, c);
     }

@@ -171,7 +171,9 @@ pub async fn accept(
             )));
         }
         let mut tx = state.pool.begin().await?;
-        for (tenant, role) in db::manage::accept_invitations(&mut tx, u.user.id, &u.user.email).await? {
+        for (tenant, role) in
+            db::manage::accept_invitations(&mut tx, u.user.id, &u.user.email).await?
+        {
             db::audit::record(
                 &mut *tx,
                 &u.actor(),
@@ -184,7 +186,10 @@ pub async fn accept(
         tx.commit().await?;
         super::pages::flash(
             &session,
-            format!("You are now {} of {}.", invitation.role, invitation.tenant_name),
+            format!(
+                "You are now {} of {}.",
+                invitation.role, invitation.tenant_name
+            ),
         )
         .await?;
         return Ok(Redirect::to(&target).into_response());

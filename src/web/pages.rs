@@ -101,7 +101,13 @@ pub struct LoginPage {
 }
 
 impl LoginPage {
-    pub fn new(state: &super::AppState, ctx: PageCtx, email: String, next: String, error: Option<String>) -> Self {
+    pub fn new(
+        state: &super::AppState,
+        ctx: PageCtx,
+        email: String,
+        next: String,
+        error: Option<String>,
+    ) -> Self {
         let sso = &state.sso;
         LoginPage {
             ctx,

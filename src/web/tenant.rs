@@ -252,7 +252,17 @@ async fn back_with_errors(
         Some(r) => (Some(r.amounts), r.justification),
         None => (None, String::new()),
     };
-    let p = page(state, session, user, tenant, errors, add, ask, justification).await?;
+    let p = page(
+        state,
+        session,
+        user,
+        tenant,
+        errors,
+        add,
+        ask,
+        justification,
+    )
+    .await?;
     Ok((StatusCode::UNPROCESSABLE_ENTITY, p).into_response())
 }
 
@@ -292,7 +302,12 @@ pub async fn add_member(
                 drop(tx);
                 flash(
                     &session,
-                    format!("{} is already {} of {}.", email.as_str(), role.as_str(), tenant.name),
+                    format!(
+                        "{} is already {} of {}.",
+                        email.as_str(),
+                        role.as_str(),
+                        tenant.name
+                    ),
                 )
                 .await?;
                 return Ok(to_page(&slug));
@@ -333,7 +348,12 @@ pub async fn add_member(
                 },
             )
             .await?;
-            format!("{} is now {} of {}.", email.as_str(), role.as_str(), tenant.name)
+            format!(
+                "{} is now {} of {}.",
+                email.as_str(),
+                role.as_str(),
+                tenant.name
+            )
         }
         None => {
             let token = super::auth::random_secret();
@@ -356,7 +376,10 @@ pub async fn add_member(
                 json!({"tenant": tenant.slug, "role": role.as_str()}),
             )
             .await?;
-            let link = format!("{}/invite/{token}", super::calendar::base_url(&state, &headers));
+            let link = format!(
+                "{}/invite/{token}",
+                super::calendar::base_url(&state, &headers)
+            );
             let body = format!(
                 "{} invites you to book GPUs as {} of {} ({}) on gpuslice.\n\n\
                  Follow this link within {INVITATION_DAYS} days to make your account:\n{link}\n\n\
@@ -482,7 +505,12 @@ pub async fn set_role(
     tx.commit().await?;
     flash(
         &session,
-        format!("{} is now {} of {}.", member.email, role.as_str(), tenant.name),
+        format!(
+            "{} is now {} of {}.",
+            member.email,
+            role.as_str(),
+            tenant.name
+        ),
     )
     .await?;
     Ok(to_page(&slug))
@@ -562,7 +590,11 @@ pub async fn revoke_invitation(
     )
     .await?;
     tx.commit().await?;
-    flash(&session, format!("The invitation of {email} no longer works.")).await?;
+    flash(
+        &session,
+        format!("The invitation of {email} no longer works."),
+    )
+    .await?;
     Ok(to_page(&slug))
 }
 
@@ -618,8 +650,7 @@ pub async fn file_request(
         .map_err(|e| errors.add("justification", e))
         .ok()
         .flatten();
-    let (Some(asked), Some(justification), true) = (asked, justification, errors.is_empty())
-    else {
+    let (Some(asked), Some(justification), true) = (asked, justification, errors.is_empty()) else {
         return back_with_errors(
             &state,
             &session,
@@ -721,7 +752,16 @@ pub async fn withdraw_request(
         .await?
         .filter(|r| r.tenant_id == tenant.id)
         .ok_or(AppError::NotFound)?;
-    if !db::manage::decide(&mut tx, request.id, "withdrawn", None, Some(user.user.id), None).await? {
+    if !db::manage::decide(
+        &mut tx,
+        request.id,
+        "withdrawn",
+        None,
+        Some(user.user.id),
+        None,
+    )
+    .await?
+    {
         return Err(AppError::Conflict(format!(
             "the request was {} already",
             request.state
@@ -745,7 +785,10 @@ pub fn routes() -> Router<AppState> {
         .route("/tenants/{slug}", get(show))
         .route("/tenants/{slug}/members", post(add_member))
         .route("/tenants/{slug}/members/{user_id}/role", post(set_role))
-        .route("/tenants/{slug}/members/{user_id}/remove", post(remove_member))
+        .route(
+            "/tenants/{slug}/members/{user_id}/remove",
+            post(remove_member),
+        )
         .route(
             "/tenants/{slug}/invitations/{id}/revoke",
             post(revoke_invitation),

@@ -176,10 +176,23 @@ pub async fn decide(
         _ => "declined",
     };
     if let Some(g) = granted {
-        db::tenants::update(&mut tx, tenant.id, &tenant.name, &g.applied_to(&tenant.quota)).await?;
-    }
-    db::manage::decide(&mut tx, id, state_name, granted, Some(user.user.id), text.as_deref())
+        db::tenants::update(
+            &mut tx,
+            tenant.id,
+            &tenant.name,
+            &g.applied_to(&tenant.quota),
+        )
         .await?;
+    }
+    db::manage::decide(
+        &mut tx,
+        id,
+        state_name,
+        granted,
+        Some(user.user.id),
+        text.as_deref(),
+    )
+    .await?;
     let before = Allocation::of(&tenant.quota);
     db::audit::record(
         &mut *tx,

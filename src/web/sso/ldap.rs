@@ -70,13 +70,16 @@ impl Ldap {
             Some(path) => {
                 use rustls::pki_types::{pem::PemObject, CertificateDer};
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in CertificateDer::pem_file_iter(path).map_err(|e| {
-                    anyhow::anyhow!("GPUSLICE_LDAP_CA_FILE {}: {e}", path.display())
-                })? {
+                for cert in CertificateDer::pem_file_iter(path)
+                    .map_err(|e| anyhow::anyhow!("GPUSLICE_LDAP_CA_FILE {}: {e}", path.display()))?
+                {
                     roots.add(cert?)?;
                 }
                 if roots.is_empty() {
-                    anyhow::bail!("GPUSLICE_LDAP_CA_FILE {} holds no certificate", path.display());
+                    anyhow::bail!(
+                        "GPUSLICE_LDAP_CA_FILE {} holds no certificate",
+                        path.display()
+                    );
                 }
                 let config = rustls::ClientConfig::builder_with_provider(Arc::new(
                     rustls::crypto::ring::default_provider(),
@@ -126,7 +129,11 @@ impl Ldap {
                 .map_err(unreachable_dir)?;
         }
         let filter = s.user_filter.replace("{login}", &ldap_escape(login));
-        let attrs = vec![s.email_attr.as_str(), s.name_attr.as_str(), s.uid_attr.as_str()];
+        let attrs = vec![
+            s.email_attr.as_str(),
+            s.name_attr.as_str(),
+            s.uid_attr.as_str(),
+        ];
         let (entries, _) = ldap
             .with_timeout(TIMEOUT)
             .search(&s.user_base, Scope::Subtree, &filter, attrs)

@@ -36,7 +36,11 @@ pub struct GroupMapping(pub Vec<(String, Grant)>);
 impl GroupMapping {
     pub fn parse(raw: &str) -> Result<GroupMapping, String> {
         let mut rules = Vec::new();
-        for item in raw.split([',', '\n']).map(str::trim).filter(|s| !s.is_empty()) {
+        for item in raw
+            .split([',', '\n'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
             let (group, grant) = item.split_once('=').ok_or_else(|| {
                 format!("\"{item}\": write group=tenant-slug[:member|manager] or group=platform:admin|finance")
             })?;
@@ -156,18 +160,29 @@ impl Sso {
     /// Single sign-on from the command line's settings; a mistake is a
     /// sentence naming the setting.
     pub fn from_args(a: &crate::cli::args::SsoArgs) -> anyhow::Result<Sso> {
-        let nonempty = |o: &Option<String>| o.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string);
+        let nonempty = |o: &Option<String>| {
+            o.as_deref()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
         let oidc = match nonempty(&a.oidc_issuer) {
             None => None,
             Some(issuer) => {
                 let client_id = nonempty(&a.oidc_client_id).ok_or_else(|| {
-                    anyhow::anyhow!("GPUSLICE_OIDC_CLIENT_ID: give the client id registered at the provider")
+                    anyhow::anyhow!(
+                        "GPUSLICE_OIDC_CLIENT_ID: give the client id registered at the provider"
+                    )
                 })?;
                 Some(oidc::Oidc::new(oidc::OidcSettings {
                     issuer,
                     client_id,
                     client_secret: nonempty(&a.oidc_client_secret),
-                    scopes: a.oidc_scopes.split_whitespace().map(str::to_string).collect(),
+                    scopes: a
+                        .oidc_scopes
+                        .split_whitespace()
+                        .map(str::to_string)
+                        .collect(),
                     email_claim: a.oidc_email_claim.trim().to_string(),
                     groups_claim: a.oidc_groups_claim.trim().to_string(),
                     name: a.oidc_name.trim().to_string(),
@@ -254,30 +269,39 @@ pub async fn provision(
     let mut tx = state.pool.begin().await?;
     let user_id = match db::sso::user_of(&mut tx, who.provider, &who.subject).await? {
         Some(id) => id,
-        None => match db::users::id_by_email(&mut *tx, &who.email).await? {
-            Some(id) => {
-                if !who.email_verified {
-                    return Err(AppError::Forbidden(format!(
+        None => {
+            match db::users::id_by_email(&mut *tx, &who.email).await? {
+                Some(id) => {
+                    if !who.email_verified {
+                        return Err(AppError::Forbidden(format!(
                         "the identity provider did not confirm {} belongs to you, so it cannot open the existing account of that address; ask an admin",
                         who.email.as_str()
                     )));
+                    }
+                    db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
+                    db::audit::record(
+                        &mut *tx,
+                        &Actor {
+                            user_id: Some(id),
+                            ..actor.clone()
+                        },
+                        "sso.linked",
+                        who.email.as_str(),
+                        json!({"provider": who.provider, "subject": who.subject}),
+                    )
+                    .await?;
+                    id
                 }
-                db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
-                db::audit::record(
-                    &mut *tx,
-                    &Actor { user_id: Some(id), ..actor.clone() },
-                    "sso.linked",
-                    who.email.as_str(),
-                    json!({"provider": who.provider, "subject": who.subject}),
-                )
-                .await?;
-                id
-            }
-            None => {
-                let name = parse_name(&who.name, "name").unwrap_or_else(|_| {
-                    who.email.as_str().split('@').next().unwrap_or("user").to_string()
-                });
-                let id = match db::users::insert(&mut *tx, &who.email, &name, NO_PASSWORD, GlobalRole::None)
+                None => {
+                    let name = parse_name(&who.name, "name").unwrap_or_else(|_| {
+                        who.email
+                            .as_str()
+                            .split('@')
+                            .next()
+                            .unwrap_or("user")
+                            .to_string()
+                    });
+                    let id = match db::users::insert(&mut *tx, &who.email, &name, NO_PASSWORD, GlobalRole::None)
                     .await
                 {
                     Ok(id) => id,
@@ -288,18 +312,22 @@ pub async fn provision(
                     }
                     Err(e) => return Err(e.into()),
                 };
-                db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
-                db::audit::record(
-                    &mut *tx,
-                    &Actor { user_id: Some(id), ..actor.clone() },
-                    "user.created",
-                    who.email.as_str(),
-                    json!({"via": who.provider, "subject": who.subject}),
-                )
-                .await?;
-                id
+                    db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
+                    db::audit::record(
+                        &mut *tx,
+                        &Actor {
+                            user_id: Some(id),
+                            ..actor.clone()
+                        },
+                        "user.created",
+                        who.email.as_str(),
+                        json!({"via": who.provider, "subject": who.subject}),
+                    )
+                    .await?;
+                    id
+                }
             }
-        },
+        }
     };
     actor.user_id = Some(user_id);
     let account = db::sso::account_for_update(&mut tx, user_id).await?;
@@ -333,7 +361,17 @@ async fn apply_mapping(
         (role != current).then_some(role)
     };
     if let Some(r) = next {
-        db::sso::set_role(tx, user_id, r, if r == GlobalRole::None { "manual" } else { "sso" }).await?;
+        db::sso::set_role(
+            tx,
+            user_id,
+            r,
+            if r == GlobalRole::None {
+                "manual"
+            } else {
+                "sso"
+            },
+        )
+        .await?;
         db::audit::record(
             &mut **tx,
             actor,
@@ -390,7 +428,11 @@ mod tests {
             "gpu-vision-lab=vision-lab, gpu-vision-pis=vision-lab:manager\ngpu-admins=platform:admin,gpu-finance=platform:finance,cs101=cs-101:member",
         )
         .unwrap();
-        let (role, tenants) = m.grants(&["GPU-Vision-Lab".into(), "gpu-vision-pis".into(), "gpu-finance".into()]);
+        let (role, tenants) = m.grants(&[
+            "GPU-Vision-Lab".into(),
+            "gpu-vision-pis".into(),
+            "gpu-finance".into(),
+        ]);
         assert_eq!(role, GlobalRole::Finance);
         assert_eq!(tenants.get("vision-lab"), Some(&TenantRole::Manager));
         assert!(!tenants.contains_key("cs-101"));
@@ -401,7 +443,14 @@ mod tests {
 
     #[test]
     fn a_bad_mapping_says_which_item() {
-        for bad in ["nogroup", "=lab", "g=Not A Slug", "g=lab:owner", "g=platform:none", "g=platform:root"] {
+        for bad in [
+            "nogroup",
+            "=lab",
+            "g=Not A Slug",
+            "g=lab:owner",
+            "g=platform:none",
+            "g=platform:root",
+        ] {
             let e = GroupMapping::parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad}");
         }

@@ -163,7 +163,12 @@ pub async fn start(
             Nonce::new_random,
         )
         .set_pkce_challenge(challenge);
-    for s in oidc.settings.scopes.iter().filter(|s| s.as_str() != "openid") {
+    for s in oidc
+        .settings
+        .scopes
+        .iter()
+        .filter(|s| s.as_str() != "openid")
+    {
         request = request.add_scope(Scope::new(s.clone()));
     }
     let (url, csrf, nonce) = request.url();
@@ -225,7 +230,8 @@ pub async fn callback(
     let oidc = state.sso.oidc.as_ref().ok_or(AppError::NotFound)?;
     let addr_key = throttle_scope(&parts.client_addr);
     let keys = crate::web::auth::ThrottleKeys::new(&addr_key, "");
-    let (n, left) = db::throttle::hit(&state.pool, &keys.address, crate::web::auth::WINDOW_SECS).await?;
+    let (n, left) =
+        db::throttle::hit(&state.pool, &keys.address, crate::web::auth::WINDOW_SECS).await?;
     if n > crate::web::auth::IP_LIMIT {
         return Err(AppError::TooManyRequests(left));
     }
@@ -246,7 +252,11 @@ pub async fn callback(
         let why = q.error_description.as_deref().unwrap_or(e);
         refuse!(
             StatusCode::UNAUTHORIZED,
-            format!("{} did not sign you in: {}", oidc.settings.name, why.chars().take(300).collect::<String>()),
+            format!(
+                "{} did not sign you in: {}",
+                oidc.settings.name,
+                why.chars().take(300).collect::<String>()
+            ),
         );
     }
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -261,7 +271,10 @@ pub async fn callback(
         );
     }
     let Some(code) = q.code.filter(|c| !c.is_empty() && c.len() <= 2048) else {
-        refuse!(StatusCode::BAD_REQUEST, "The provider sent no sign-in code.".into());
+        refuse!(
+            StatusCode::BAD_REQUEST,
+            "The provider sent no sign-in code.".into()
+        );
     };
     let metadata = oidc.metadata().await?;
     let client = CoreClient::from_provider_metadata(
@@ -289,13 +302,19 @@ pub async fn callback(
             tracing::info!(error = %e, "OpenID Connect code exchange refused");
             refuse!(
                 StatusCode::UNAUTHORIZED,
-                format!("{} refused the sign-in code (it may have been used already); start again.", oidc.settings.name),
+                format!(
+                    "{} refused the sign-in code (it may have been used already); start again.",
+                    oidc.settings.name
+                ),
             );
         }
     };
     use openidconnect::TokenResponse;
     let Some(id_token) = tokens.id_token() else {
-        refuse!(StatusCode::UNAUTHORIZED, "The provider sent no ID token.".into());
+        refuse!(
+            StatusCode::UNAUTHORIZED,
+            "The provider sent no ID token.".into()
+        );
     };
     let verifier = client.id_token_verifier();
     let claims = match id_token.claims(&verifier, &Nonce::new(flow.nonce.clone())) {
@@ -306,7 +325,10 @@ pub async fn callback(
             oidc.forget_metadata().await;
             refuse!(
                 StatusCode::UNAUTHORIZED,
-                format!("The ID token from {} did not verify ({e}); nobody was signed in.", oidc.settings.name),
+                format!(
+                    "The ID token from {} did not verify ({e}); nobody was signed in.",
+                    oidc.settings.name
+                ),
             );
         }
     };
@@ -334,7 +356,10 @@ pub async fn callback(
         provider: "oidc",
         subject: format!("{}#{}", claims.issuer().as_str(), claims.subject().as_str()),
         email,
-        email_verified: raw.get("email_verified").and_then(Value::as_bool).unwrap_or(false),
+        email_verified: raw
+            .get("email_verified")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         name,
         groups: strings(raw.get(&oidc.settings.groups_claim)),
     };
