@@ -80,6 +80,28 @@ fn opens_in(group: &gpuslice::sched::cgroup::Group, paths: &[String]) -> Vec<Str
     out
 }
 
+/// As [`opens_in`], for a process moved into the cgroup directory `dir`
+/// (a container's group under the booking's).
+fn opens_in_dir(dir: &Path, paths: &[String]) -> Vec<String> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"read go; for p in "$@"; do if out=$(dd if="$p" of=/dev/null count=0 2>&1); then echo OK; else echo "$out" | tail -n 1; fi; done"#)
+        .arg("sh")
+        .args(paths)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .collect::<Vec<_>>();
+    child.wait().unwrap();
+    out
+}
+
 fn denied(line: &str) -> bool {
     line.contains("Operation not permitted")
 }
@@ -117,6 +139,43 @@ fn check(
     }
     // Ordinary devices stay open.
     assert_eq!(opens_in(&group, &["/dev/null".to_string()]), vec!["OK"]);
+    // A container started with `--cgroup-parent` at the booking's group
+    // lives in a child group that its runtime tries to open up: the
+    // booking's confinement still holds there.
+    let child = match (mechanism, layout) {
+        (
+            Mechanism::V1Devices,
+            Layout::V1 {
+                devices: Some(d), ..
+            },
+        ) => d.join("booking-1/ctr"),
+        _ => group.v2_dir().unwrap().join("ctr"),
+    };
+    std::fs::create_dir(&child).unwrap();
+    match mechanism {
+        // runc writes its own rules; a child keeps its parent's exceptions
+        // (the kernel copies them, or refuses what the parent lacks).
+        Mechanism::V1Devices => {
+            let _ = std::fs::write(child.join("devices.allow"), "a *:* rwm");
+            let _ = std::fs::write(child.join("devices.allow"), "c 195:* rwm");
+        }
+        // runc attaches its own program (ALLOW_MULTI); the parent's still runs.
+        _ => apply_v2(&child, &nd.policy(&[mine.clone(), other.clone()].concat())).unwrap(),
+    }
+    let in_child = opens_in_dir(&child, &paths(&other));
+    assert!(
+        in_child.iter().all(|r| denied(r)),
+        "{}: {in_child:?}",
+        mechanism.as_str()
+    );
+    let own_in_child = opens_in_dir(&child, &paths(&mine));
+    assert!(
+        own_in_child
+            .iter()
+            .all(|r| r.contains("No such device or address")),
+        "{own_in_child:?}"
+    );
+    std::fs::remove_dir(&child).unwrap();
     // Outside the group everything reaches the driver.
     let root = layout.create(2, None, None).unwrap();
     let free = opens_in(&root, &paths(&other));
@@ -279,6 +338,39 @@ async fn exec_confines_a_booking_to_its_own_device_files() {
         .unwrap();
     assert!(html.contains("id=\"device-nodes\""), "{html}");
     assert!(html.contains(&mine[3]));
+
+    // A container goes under the booking's own group, the one that
+    // confines it (checked above for a child group): the arguments name
+    // a group that exists on this node.
+    let view = {
+        let b = gpuslice::db::bookings::get(&app.pool, a).await.unwrap();
+        gpuslice::web::api::views::BookingView::from(&b)
+    };
+    let c = view
+        .container
+        .expect("an active booking says how to run a container");
+    assert!(
+        c.cgroup_parent.ends_with(&format!("/booking-{a}")),
+        "{}",
+        c.cgroup_parent
+    );
+    assert!(c.docker_args[0] == format!("--cgroup-parent={}", c.cgroup_parent));
+    assert!(c.docker_args[2].contains(view.device_uuid.as_deref().unwrap()));
+    let exists = ["", "devices", "freezer", "unified"].iter().any(|h| {
+        Path::new("/sys/fs/cgroup")
+            .join(h)
+            .join(c.cgroup_parent.trim_start_matches('/'))
+            .is_dir()
+    });
+    assert!(exists, "no cgroup {} on this node", c.cgroup_parent);
+    assert!(html.contains("--cgroup-parent="), "{html}");
+    assert!(html.contains("apptainer exec --nv"), "{html}");
+    if Command::new("apptainer").arg("--version").output().is_err() {
+        common::skipped(
+            "Apptainer inside a booking",
+            "apptainer is not installed (Debian 12 does not package it); `gpuslice exec ID -- apptainer exec --nv` is documented in docs/operations.md",
+        );
+    }
 }
 
 /// The pid-reuse race: a child connects to the socket and exits; its

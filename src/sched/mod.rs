@@ -6,6 +6,7 @@
 //! user's process into its booking's cgroup ([`exec`]).
 
 pub mod cgroup;
+pub mod container;
 pub mod devices;
 pub mod enforce;
 pub mod exec;

@@ -26,17 +26,10 @@ pub fn layout_for(node: &str) -> Option<Layout> {
     if !nix::unistd::Uid::effective().is_root() {
         return None;
     }
-    let safe: String = node
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    Layout::detect(Path::new("/sys/fs/cgroup"), &format!("gpuslice-{safe}"))
+    Layout::detect(
+        Path::new("/sys/fs/cgroup"),
+        &crate::sched::container::group_prefix(node),
+    )
 }
 
 /// What a GPU's thread runs: its shares, and those a security response

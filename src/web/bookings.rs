@@ -455,6 +455,19 @@ impl Detail {
         self.b.device_uuid.as_deref().unwrap_or("")
     }
 
+    /// The `docker run` line that puts a container into the booking.
+    pub fn docker_line(&self) -> String {
+        match &self.b.node {
+            Some(node) => crate::sched::container::docker_line(
+                node,
+                self.b.id,
+                self.device(),
+                "nvidia/cuda:12.4.1-base-ubuntu22.04 nvidia-smi -L",
+            ),
+            None => String::new(),
+        }
+    }
+
     /// The device files its processes may open, while active.
     pub fn device_nodes(&self) -> Vec<String> {
         if self.b.status != Status::Active {

@@ -33,6 +33,17 @@ pub struct PlacementView {
     pub size: i32,
 }
 
+/// A container inside a booking: Docker or Podman (with the `cgroupfs`
+/// cgroup driver) puts it under the booking's cgroup, so its limits, turns
+/// and device confinement hold.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ContainerView {
+    /// `--cgroup-parent` for the container runtime.
+    pub cgroup_parent: String,
+    /// `docker run` arguments before the image.
+    pub docker_args: Vec<String>,
+}
+
 /// A booking.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BookingView {
@@ -67,6 +78,9 @@ pub struct BookingView {
     /// The device files its processes may open (the rest of NVIDIA's are
     /// denied to its cgroup), once active on a node that confines them.
     pub device_nodes: Vec<String>,
+    /// How to run a container inside the booking (its cgroup and device),
+    /// once active.
+    pub container: Option<ContainerView>,
     /// Why it waits (queued) or failed.
     pub reason: Option<String>,
     /// For a queued booking: the earliest start that would fit.
@@ -118,6 +132,13 @@ impl From<&Booking> for BookingView {
                     .collect()
             } else {
                 Vec::new()
+            },
+            container: match (&b.node, &b.device_uuid) {
+                (Some(node), Some(device)) if b.status == Status::Active => Some(ContainerView {
+                    cgroup_parent: crate::sched::container::cgroup_parent(node, b.id),
+                    docker_args: crate::sched::container::docker_args(node, b.id, device),
+                }),
+                _ => None,
             },
             reason: b.reason.clone(),
             earliest_start: b.offered_start.map(rfc3339),
