@@ -13,6 +13,7 @@ fn python() -> Option<String> {
     let py = std::env::var("GPUSLICE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&py)
         .args(["-c", "import yaml, kubernetes_validate"])
+        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if ok {
