@@ -151,8 +151,10 @@ def lookup(path, ctx):
 
 
 def to_yaml(v):
-    if v in (None, {}, []):
-        return "{}" if v in (None, {}) else "[]"
+    if v is None:
+        return "null"
+    if v in ({}, []):
+        return "{}" if v == {} else "[]"
     return yaml.safe_dump(v, default_flow_style=False, sort_keys=True).rstrip("\n")
 
 
@@ -181,7 +183,8 @@ def call(fn, args, ctx):
         return to_yaml(args[0])
     if fn in ("nindent", "indent"):
         pad = " " * int(args[0])
-        body = "\n".join(pad + line if line else line for line in go_str(args[1]).split("\n"))
+        # Sprig pads every line, empty ones too.
+        body = "\n".join(pad + line for line in go_str(args[1]).split("\n"))
         return ("\n" + body) if fn == "nindent" else body
     if fn == "and":
         r = True

@@ -180,7 +180,13 @@ async fn cookies_are_http_only_and_same_site() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert!(set_cookie(&r, "gpuslice_session").contains("Secure"));
+    // Over HTTPS the session cookie carries the __Host- prefix: no sibling
+    // subdomain can plant one.
+    let c = set_cookie(&r, "__Host-gpuslice_session");
+    assert!(
+        c.contains("Secure") && c.contains("Path=/") && !c.contains("Domain"),
+        "{c}"
+    );
 }
 
 /// Replays a stolen cookie from a second client.

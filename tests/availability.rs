@@ -137,6 +137,7 @@ async fn a_mig_profile_is_free_where_the_timeline_says_and_a_booking_there_is_pl
     .await;
     let (_, full) = get(&app, &token, "profile=3g.40gb").await;
     let free = stretches(&full);
+    assert!(!free.is_empty(), "free again after both: {full}");
     assert!(
         free.iter()
             .all(|s| s.1 <= whole_end || s.0 >= whole_end + Duration::hours(2)),
@@ -266,4 +267,37 @@ async fn the_booking_form_shows_the_timeline() {
         bad.contains("No timeline: a share") && bad.contains("from 1 to 1024"),
         "{bad}"
     );
+}
+
+#[tokio::test]
+async fn a_tenant_sees_only_what_it_may_book() {
+    let (app, token) = setup().await;
+    app.tenant("other").await;
+    sqlx::query(
+        "UPDATE tenants SET allowed_models = '{A100-80GB}', allowed_profiles = '{1g.10gb,2g.20gb}' WHERE slug = 'lab'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    // Its allowed models hold no GPU of this fleet: nothing is free for it.
+    let (status, none) = get(&app, &token, "profile=1g.10gb&tenant=lab").await;
+    assert_eq!(status, 200, "{none}");
+    assert_eq!(none["gpus"], json!([]), "{none}");
+    // Without the tenant, capacity as such.
+    let (_, all) = get(&app, &token, "profile=1g.10gb").await;
+    assert_eq!(all["gpus"].as_array().unwrap().len(), 1);
+    let (status, body) = get(&app, &token, "profile=3g.40gb&tenant=lab").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["fields"]["profile"]
+        .as_str()
+        .unwrap()
+        .contains("may not book"));
+    let (status, body) = get(&app, &token, "profile=1g.10gb&model=H100-80GB&tenant=lab").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["fields"]["model"].is_string());
+    // Someone else's tenant: as if it did not exist.
+    let (status, _) = get(&app, &token, "profile=1g.10gb&tenant=other").await;
+    assert_eq!(status, 404);
+    let (status, _) = get(&app, &token, "profile=1g.10gb&tenant=nope").await;
+    assert_eq!(status, 404);
 }

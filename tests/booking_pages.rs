@@ -146,7 +146,11 @@ async fn the_form_books_and_the_booking_page_shows_how_to_use_it() {
         frag.contains(&format!("CUDA_VISIBLE_DEVICES={device}")),
         "{frag}"
     );
-    assert!(frag.contains("docker run --rm --gpus"));
+    assert!(
+        frag.contains("docker run --rm --cgroup-parent=/gpuslice-"),
+        "{frag}"
+    );
+    assert!(frag.contains(&format!("/booking-{id} --gpus")), "{frag}");
     assert!(frag.contains("Release now"));
 
     // The dashboard lists it with live rows.

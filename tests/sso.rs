@@ -182,6 +182,14 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
         .unwrap();
     assert!(login.contains("Sign in with Uni Login"), "{login}");
 
+    // An invitation waits for her address in another tenant.
+    sqlx::query(
+        "INSERT INTO invitations (tenant_id, email, role, token_hash, expires_at)
+         SELECT id, 'ana@uni.edu', 'member', 'h', now() + interval '1 day' FROM tenants WHERE slug = 'other'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
     // First sign-in: the account is made, the group grants membership.
     as_user(
         &p,
@@ -203,7 +211,14 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
     assert_eq!(page.status(), 200);
     assert_eq!(
         roles(&app, "ana@uni.edu").await,
-        ("none".into(), vec![t("vision-lab", "member", "sso")])
+        (
+            "none".into(),
+            vec![
+                t("other", "member", "manual"),
+                t("vision-lab", "member", "sso")
+            ]
+        ),
+        "the group's membership, and the invitation accepted at a verified sign-in"
     );
     let created: i64 = app
         .one("SELECT count(*) FROM audit_log WHERE action = 'user.created' AND detail->>'via' = 'oidc'")
@@ -215,18 +230,7 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
         .await;
     assert_eq!(r.status(), 401);
 
-    // A manual membership elsewhere stays whatever the groups say.
-    let ana: i64 = app
-        .one("SELECT id FROM users WHERE email = 'ana@uni.edu'")
-        .await;
-    let other: i64 = app.one("SELECT id FROM tenants WHERE slug = 'other'").await;
-    sqlx::query("INSERT INTO memberships (user_id, tenant_id, role) VALUES ($1, $2, 'member')")
-        .bind(ana)
-        .bind(other)
-        .execute(&app.pool)
-        .await
-        .unwrap();
-
+    // The manual membership (the invitation's) stays whatever the groups say.
     // Groups change: manager and admin at the next sign-in.
     as_user(
         &p,
@@ -288,6 +292,8 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
         ("tamper", "did not verify"),
         ("wrong_nonce", "did not verify"),
         ("wrong_audience", "did not verify"),
+        ("expired", "did not verify"),
+        ("hs256", "did not verify"),
     ] {
         mode(&p, m).await;
         let browser = app.client();
@@ -334,15 +340,42 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
         .unwrap();
     assert_eq!(r.status(), 400);
 
-    // An unverified address never opens someone's existing account.
+    // An unverified address never opens someone's existing account, nor
+    // makes a new one (nor collects that address's invitations).
     app.user("carol@uni.edu", "admin", &[]).await;
     as_user(&p, "u-mallory", "carol@uni.edu", false, &[]).await;
+    let r = sign_in(&app, &app.client()).await;
+    assert_eq!(r.status(), 403);
+    as_user(&p, "u-mallory", "dave@uni.edu", false, &[]).await;
     let r = sign_in(&app, &app.client()).await;
     assert_eq!(r.status(), 403);
     let linked: i64 = app
         .one("SELECT count(*) FROM external_identities WHERE subject LIKE '%u-mallory'")
         .await;
     assert_eq!(linked, 0);
+    let dave: i64 = app
+        .one("SELECT count(*) FROM users WHERE email = 'dave@uni.edu'")
+        .await;
+    assert_eq!(dave, 0);
+    // A second identity of the provider cannot take over an account that
+    // already has one.
+    as_user(&p, "u-bob-2", "bob@uni.edu", true, &[]).await;
+    let r = sign_in(&app, &app.client()).await;
+    assert_eq!(r.status(), 403);
+    // Keys and tokens over plain HTTP only on this machine.
+    let w = Settings::try_parse_from([
+        "gpuslice",
+        "--oidc-issuer",
+        "http://login.uni.edu",
+        "--oidc-client-id",
+        "x",
+    ])
+    .unwrap();
+    let e = gpuslice::web::sso::Sso::from_args(&w.sso)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("https://"), "{e}");
 }
 
 #[tokio::test]

@@ -28,23 +28,33 @@ pub struct GpuFree {
     pub free: Vec<Window>,
 }
 
-/// The free stretches of `what` (on `model` when given) within `period`,
-/// for every bookable GPU that could ever take it, in node and index order.
+/// The free stretches of `what` (on `model` when given, on `allowed_models`
+/// when not empty: a tenant's) within `period`, for every bookable GPU that
+/// could ever take it, in node and index order.
 pub async fn availability(
     pool: &PgPool,
     what: &Request,
     model: Option<&str>,
+    allowed_models: &[String],
     period: Window,
 ) -> sqlx::Result<Vec<GpuFree>> {
     let kind = match what {
         Request::Mig { .. } => Kind::Mig,
         Request::Share { .. } => Kind::Timeslice,
     };
-    // A read-only snapshot: no placement lock, nothing written.
+    // One read-only snapshot for the GPUs and their bookings; no placement
+    // lock, nothing written.
     let mut tx = pool.begin().await?;
-    let fleet = load_fleet(&mut tx, Some(kind), &[], &Asked::default()).await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let fleet = load_fleet(&mut tx, Some(kind), allowed_models, &Asked::default()).await?;
     tx.commit().await?;
-    Ok(free_stretches(&fleet, what, model, period))
+    let (what, model) = (what.clone(), model.map(str::to_string));
+    // CPU work off the async threads.
+    tokio::task::spawn_blocking(move || free_stretches(&fleet, &what, model.as_deref(), period))
+        .await
+        .map_err(|e| sqlx::Error::Protocol(format!("availability: {e}")))
 }
 
 /// See [`availability`]; a function of its arguments.

@@ -151,6 +151,11 @@ pub struct ServeArgs {
     /// Currency of tariffs and reports (ISO 4217 code, e.g. EUR, USD, CHF).
     #[arg(long, env = "GPUSLICE_CURRENCY", default_value = "EUR")]
     pub currency: String,
+    /// The site's address as people reach it, e.g. https://gpus.uni.edu
+    /// (links in e-mails, calendar addresses, the OpenID Connect redirect);
+    /// unset: made from --bind.
+    #[arg(long, env = "GPUSLICE_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Bearer token `/metrics` asks for (unset: `/metrics` is open).
     #[arg(long, env = "GPUSLICE_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
@@ -185,6 +190,10 @@ pub struct SsoArgs {
     /// The provider's name on the sign-in button.
     #[arg(long, env = "GPUSLICE_OIDC_NAME", default_value = "campus sign-on")]
     pub oidc_name: String,
+    /// Take the e-mail claim as confirmed without email_verified (addresses the
+    /// campus assigns, e.g. Entra ID's upn).
+    #[arg(long, env = "GPUSLICE_OIDC_TRUST_EMAIL")]
+    pub oidc_trust_email: bool,
     /// Redirect URL registered at the provider (default: this site's /auth/oidc/callback).
     #[arg(long, env = "GPUSLICE_OIDC_REDIRECT_URL")]
     pub oidc_redirect_url: Option<String>,

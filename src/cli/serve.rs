@@ -20,6 +20,23 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
     if currency.len() != 3 || !currency.chars().all(|c| c.is_ascii_uppercase()) {
         bail!("--currency: give a three-letter ISO 4217 code such as EUR or USD");
     }
+    let public_url = match args
+        .public_url
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+    {
+        Some(u) => {
+            let ok = (u.starts_with("https://") || u.starts_with("http://"))
+                && !u.contains(['?', '#', ' '])
+                && u.len() <= 200;
+            if !ok {
+                bail!("GPUSLICE_PUBLIC_URL: give the site's address such as https://gpus.uni.edu");
+            }
+            Some(u.trim_end_matches('/').to_string())
+        }
+        None => None,
+    };
     let settings = WebSettings {
         secure_cookies: args.secure_cookies,
         trust_proxy: args.trust_proxy,
@@ -28,6 +45,7 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
         max_concurrent_requests: args.max_concurrent_requests as usize,
         session_idle_secs: args.session_idle_minutes * 60,
         session_absolute_secs: args.session_max_hours * 3600,
+        public_url,
         ..WebSettings::default()
     };
     let sso = crate::web::sso::Sso::from_args(&args.sso)?;
@@ -44,6 +62,31 @@ pub async fn serve(pool: PgPool, args: &ServeArgs, data_dir: &std::path::Path) -
     let mut workers = super::node::start_watch(&pool, &args.gpu)?;
     if !args.no_worker {
         workers.extend(super::start_workers(&pool, &args.gpu, data_dir, None)?);
+    }
+    let mut settings = settings;
+    if settings.public_url.is_none() {
+        // From the address served on; an unspecified one (0.0.0.0) by the
+        // host's name.
+        let local = listener.local_addr()?;
+        let host = if local.ip().is_unspecified() {
+            format!(
+                "{}:{}",
+                nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_else(|| "localhost".into()),
+                local.port()
+            )
+        } else {
+            local.to_string()
+        };
+        let scheme = if settings.secure_cookies {
+            "https"
+        } else {
+            "http"
+        };
+        settings.public_url = Some(format!("{scheme}://{host}"));
+        tracing::info!(url = %settings.public_url.as_deref().unwrap_or(""), "links in e-mails use this address; set GPUSLICE_PUBLIC_URL to change it");
     }
     let mut state = AppState::new(pool, settings).await?;
     state.currency = std::sync::Arc::from(currency.as_str());

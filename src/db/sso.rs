@@ -22,6 +22,21 @@ pub async fn user_of(
     .await
 }
 
+/// Whether the account already has an identity at `provider`.
+pub async fn linked_to(
+    tx: &mut Transaction<'_, Postgres>,
+    provider: &str,
+    user_id: i64,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM external_identities WHERE provider = $1 AND user_id = $2) AS "x!""#,
+        provider,
+        user_id
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
 pub async fn link(
     tx: &mut Transaction<'_, Postgres>,
     provider: &str,

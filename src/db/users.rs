@@ -152,7 +152,9 @@ pub async fn set_profile(
     role: GlobalRole,
 ) -> sqlx::Result<bool> {
     let r = sqlx::query!(
-        "UPDATE users SET display_name = $2, global_role = $3 WHERE id = $1",
+        "UPDATE users SET display_name = $2, global_role = $3,
+             role_source = CASE WHEN global_role = $3 THEN role_source ELSE 'manual' END
+         WHERE id = $1",
         id,
         display_name,
         role.as_str()

@@ -115,12 +115,14 @@ pub fn check_create(
             other_end: other.placement.end(),
         });
     }
-    let used: u8 = existing
+    // Summed wide: a long window may count more bookings than a GPU
+    // holds at once (each on its own time), past what a u8 carries.
+    let used: u32 = existing
         .iter()
         .filter_map(|e| model.profile_by_id(e.profile_id))
-        .map(|p| p.compute_slices)
+        .map(|p| u32::from(p.compute_slices))
         .sum();
-    let free = model.compute_slices.saturating_sub(used);
+    let free = u8::try_from(u32::from(model.compute_slices).saturating_sub(used)).unwrap_or(0);
     if profile.compute_slices > free {
         return Err(MigError::ComputeSlices {
             profile: profile.name.clone(),

@@ -136,11 +136,13 @@ impl Bits {
         for e in present {
             b.occupied |= mask(e.placement);
             if let Some(p) = model.profile_by_id(e.profile_id) {
-                b.compute += p.compute_slices;
+                // Saturating: a long window may count more bookings than
+                // fit at once (each on its own time).
+                b.compute = b.compute.saturating_add(p.compute_slices);
                 b.media |= p.media_extensions;
             }
             if let Some(c) = b.counts.get_mut(e.profile_id as usize) {
-                *c += 1;
+                *c = c.saturating_add(1);
             }
         }
         b
@@ -168,7 +170,10 @@ fn capacity(model: &Model, bits: &Bits, profile: &Profile) -> u32 {
         .unwrap_or(0);
     let mut n = 0;
     for pl in profile.placements() {
-        if count >= profile.max_count || compute + profile.compute_slices > model.compute_slices {
+        if count >= profile.max_count
+            || u16::from(compute) + u16::from(profile.compute_slices)
+                > u16::from(model.compute_slices)
+        {
             break;
         }
         if occupied & mask(pl) == 0 {

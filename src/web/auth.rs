@@ -448,9 +448,12 @@ pub async fn login(
     // the break-glass admin). Unknown accounts are checked against a dummy
     // hash so that they take as long as a wrong password for a real one.
     let creds = creds.filter(|_| state.sso.password_allowed(&email_key));
+    // An account with no usable password (single sign-on only) is checked
+    // against the dummy hash too, so it answers as slowly as any other.
     let stored = creds
         .as_ref()
         .map(|c| c.password_hash.clone())
+        .filter(|h| h.starts_with("$argon2"))
         .unwrap_or_else(|| state.dummy_hash.to_string());
     let matches = match state.check_password(stored, form.password.clone()).await {
         Ok(m) => m,
@@ -494,6 +497,7 @@ pub async fn login(
                     addr_key: &addr_key,
                     actor: &actor,
                     how: "ldap",
+                    accept_invitations: who.email_verified,
                 },
             )
             .await?;
@@ -545,6 +549,7 @@ pub async fn login(
             addr_key: &addr_key,
             actor: &actor,
             how: "password",
+            accept_invitations: true,
         },
     )
     .await?;
@@ -589,6 +594,10 @@ pub struct SignedIn<'a> {
     pub actor: &'a Actor,
     /// `password`, `oidc`, `ldap` or `invitation` (audited).
     pub how: &'a str,
+    /// The sign-in proved the account's address (a password, a provider
+    /// that vouches for it): open invitations of that address are
+    /// accepted.
+    pub accept_invitations: bool,
 }
 
 /// Starts a signed-in session for every way of signing in: a fresh
@@ -610,7 +619,13 @@ pub async fn begin_session(
     db::throttle::remember_address(&state.pool, who.user_id, who.addr_key).await?;
     db::users::record_login(&state.pool, who.user_id, true).await?;
     let mut tx = state.pool.begin().await?;
-    let joined = db::manage::accept_invitations(&mut tx, who.user_id, who.email).await?;
+    // By the account's own address, never the one a provider sent.
+    let joined = if who.accept_invitations {
+        let stored = db::users::get(&mut *tx, who.user_id).await?.email;
+        db::manage::accept_invitations(&mut tx, who.user_id, &stored).await?
+    } else {
+        Vec::new()
+    };
     for (tenant, role) in &joined {
         db::audit::record(
             &mut *tx,

@@ -117,10 +117,13 @@ pub async fn feed(
         .into_response())
 }
 
-/// The site's address as the browser reached it (scheme by the cookie
-/// setting; a Host header that is not a plain host name and port is not
-/// trusted).
+/// The site's address: the configured public URL (`serve` always has one),
+/// else as the browser reached it (scheme by the cookie setting; a Host
+/// header that is not a plain host name and port is not trusted).
 pub fn base_url(state: &AppState, headers: &HeaderMap) -> String {
+    if let Some(url) = &state.settings.public_url {
+        return url.trim_end_matches('/').to_string();
+    }
     let scheme = if state.settings.secure_cookies {
         "https"
     } else {

@@ -270,6 +270,7 @@ pub async fn accept(
             addr_key: &throttle_scope(&parts.client_addr),
             actor: &actor,
             how: "invitation",
+            accept_invitations: true,
         },
     )
     .await?;

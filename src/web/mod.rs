@@ -62,6 +62,10 @@ pub struct WebSettings {
     pub session_idle_secs: i64,
     /// A session ends this long after sign-in, however busy.
     pub session_absolute_secs: i64,
+    /// The site's address as people reach it (`https://gpus.uni.edu`):
+    /// links in e-mails (invitations), calendar addresses and the OpenID
+    /// Connect redirect are made from it, never from a request's `Host`.
+    pub public_url: Option<String>,
 }
 
 impl Default for WebSettings {
@@ -75,6 +79,7 @@ impl Default for WebSettings {
             max_concurrent_requests: 512,
             session_idle_secs: 2 * 3600,
             session_absolute_secs: 12 * 3600,
+            public_url: None,
         }
     }
 }
@@ -355,7 +360,13 @@ async fn not_found() -> error::AppError {
 pub fn router(state: AppState) -> Router {
     let store = PostgresStore::new(state.pool.clone());
     let sessions = SessionManagerLayer::new(store)
-        .with_name("gpuslice_session")
+        .with_name(if state.settings.secure_cookies {
+            // Over HTTPS the prefix makes browsers refuse the cookie from a
+            // sibling subdomain (no planted session, no login CSRF).
+            "__Host-gpuslice_session"
+        } else {
+            "gpuslice_session"
+        })
         .with_http_only(true)
         .with_same_site(SameSite::Lax)
         .with_secure(state.settings.secure_cookies)

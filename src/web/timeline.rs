@@ -15,6 +15,7 @@ use super::charts::{self, TimelineRow};
 use super::error::AppError;
 use super::AppState;
 use crate::booking::availability::{self, GpuFree};
+use crate::db;
 use crate::domain::booking::{BookingInput, Request};
 use crate::gpu::catalog;
 use crate::placement::mig::Window;
@@ -28,6 +29,8 @@ pub const MAX_DAYS: i64 = 31;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct AvailabilityQuery {
+    /// A tenant of the caller: only the models and profiles it may book.
+    pub tenant: String,
     pub model: String,
     pub profile: String,
     pub memory_gib: String,
@@ -161,12 +164,62 @@ pub fn parse(
     }
 }
 
-/// Answers a parsed question.
-pub async fn free(state: &AppState, asked: &Asked) -> Result<Vec<GpuFree>, AppError> {
+/// Availability answers computed at once (each reads the fleet's live
+/// bookings and does CPU work); beyond, callers wait up to 5 s, then 503.
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Answers a parsed question, for `tenant` when given: the caller must be
+/// its member (or an admin; 404 otherwise), and only its allowed models and
+/// profiles count.
+pub async fn free(
+    state: &AppState,
+    user: &CurrentUser,
+    tenant: &str,
+    asked: &Asked,
+) -> Result<Vec<GpuFree>, AppError> {
+    let allowed = match tenant.trim() {
+        "" => Vec::new(),
+        slug => {
+            let id = db::tenants::id_by_slug(&state.pool, slug)
+                .await?
+                .filter(|id| user.is_admin() || user.membership(*id).is_some())
+                .ok_or(AppError::NotFound)?;
+            let t = db::tenants::get(&state.pool, id).await?;
+            let q = &t.quota;
+            if let Request::Mig { profile } = &asked.what {
+                if !q.allowed_profiles.is_empty() && !q.allowed_profiles.contains(profile) {
+                    return Err(AppError::Invalid(vec![(
+                        "profile".into(),
+                        format!("{} may not book {profile}", t.slug),
+                    )]));
+                }
+            }
+            if let Some(m) = &asked.model {
+                if !q.allowed_models.is_empty() && !q.allowed_models.contains(m) {
+                    return Err(AppError::Invalid(vec![(
+                        "model".into(),
+                        format!("{} may not book {m}", t.slug),
+                    )]));
+                }
+            }
+            q.allowed_models.clone()
+        }
+    };
+    let _slot = tokio::time::timeout(std::time::Duration::from_secs(5), SLOTS.acquire())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            AppError::Unavailable(
+                5,
+                "busy working out availability; try again in a few seconds".into(),
+            )
+        })?;
     Ok(availability::availability(
         &state.pool,
         &asked.what,
         asked.model.as_deref(),
+        &allowed,
         asked.period,
     )
     .await?)
@@ -191,7 +244,7 @@ pub struct TimelineFragment {
 /// GPU over the next 7 days.
 pub async fn timeline(
     State(state): State<AppState>,
-    _user: CurrentUser,
+    user: CurrentUser,
     Query(input): Query<BookingInput>,
 ) -> Result<TimelineFragment, AppError> {
     let message = |m: &str| TimelineFragment {
@@ -228,7 +281,20 @@ pub async fn timeline(
             return Ok(message(&format!("No timeline: {}.", text.join("; "))));
         }
     };
-    let found = free(&state, &asked).await?;
+    let mut found = match free(&state, &user, &input.tenant, &asked).await {
+        Ok(f) => f,
+        Err(AppError::Invalid(errors)) => {
+            let text: Vec<String> = errors.into_iter().map(|(_, m)| m).collect();
+            return Ok(message(&format!("No timeline: {}.", text.join("; "))));
+        }
+        Err(e) => return Err(e),
+    };
+    // Only stretches long enough for the hours asked.
+    if let Some(h) = input.hours.trim().parse::<i64>().ok().filter(|h| *h > 0) {
+        for g in &mut found {
+            g.free.retain(|w| w.len() >= h * 3600);
+        }
+    }
     let what = match &asked.what {
         Request::Mig { profile } => format!("a {profile} instance"),
         Request::Share { memory_gib, .. } => format!("a {memory_gib} GiB share"),

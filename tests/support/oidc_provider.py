@@ -6,13 +6,16 @@ named (POST /_test/user) and a token endpoint that checks the client's
 secret, the redirect URI, the PKCE verifier and that each code is used
 once, and returns an RS256-signed ID token with the nonce it was given.
 POST /_test/mode makes it misbehave the way an attacker would: "tamper"
-(a changed claim under the old signature), "wrong_nonce", "wrong_audience".
+(a changed claim under the old signature), "wrong_nonce", "wrong_audience",
+"expired" (an ID token past its expiry) and "hs256" (signed with the client
+secret as an HMAC key: the algorithm confusion attack).
 
 Usage: python oidc_provider.py CLIENT_ID CLIENT_SECRET; prints its port.
 """
 
 import base64
 import hashlib
+import hmac
 import json
 import secrets
 import sys
@@ -145,7 +148,13 @@ class Handler(BaseHTTPRequestHandler):
             claims["nonce"] = "not-the-nonce"
         if mode == "wrong_audience":
             claims["aud"] = "another-client"
+        if mode == "expired":
+            claims["iat"], claims["exp"] = now - 3600, now - 1800
         token = sign(claims)
+        if mode == "hs256":
+            head = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": KID}).encode()) + "." + b64(json.dumps(claims).encode())
+            mac = hmac.new(CLIENT_SECRET.encode(), head.encode(), hashlib.sha256).digest()
+            token = head + "." + b64(mac)
         if mode == "tamper":
             # Another person's address under the original signature.
             head, _, sig = token.rsplit(".", 2)[0], None, token.rsplit(".", 1)[1]

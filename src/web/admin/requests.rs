@@ -133,6 +133,12 @@ pub async fn decide(
         )));
     }
     let tenant = db::tenants::get_for_update(&mut tx, request.tenant_id).await?;
+    if tenant.archived && form.decision.trim() != "decline" {
+        return Err(AppError::Conflict(format!(
+            "{} is archived: its quota cannot change (decline the request instead)",
+            tenant.name
+        )));
+    }
     let asked = request
         .asked()
         .ok_or_else(|| AppError::Internal(anyhow::anyhow!("request #{id} has no amounts")))?;

@@ -63,6 +63,7 @@ fn rfc3339(t: i64) -> String {
 /// later, at most 31 days after from).
 #[utoipa::path(get, path = "/availability",
     params(
+        ("tenant" = Option<String>, Query, description = "one of your tenants: only the models and profiles it may book"),
         ("model" = Option<String>, Query, description = "a catalog model; omitted or any: every model"),
         ("profile" = Option<String>, Query, description = "a MIG profile such as 1g.10gb (or memory_gib)"),
         ("memory_gib" = Option<String>, Query, description = "a time-sliced share's GPU memory in GiB (or profile)"),
@@ -72,11 +73,12 @@ fn rfc3339(t: i64) -> String {
     responses(
         (status = 200, body = AvailabilityView),
         (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "not one of your tenants"),
         (status = 422, body = ErrorBody),
     ))]
 pub async fn availability(
     State(state): State<AppState>,
-    _user: CurrentUser,
+    user: CurrentUser,
     Query(q): Query<AvailabilityQuery>,
 ) -> Result<Json<AvailabilityView>, AppError> {
     let asked = timeline::parse(
@@ -85,7 +87,7 @@ pub async fn availability(
         state.booking_settings.max_ahead_days,
     )
     .map_err(AppError::Invalid)?;
-    let found = timeline::free(&state, &asked).await?;
+    let found = timeline::free(&state, &user, &q.tenant, &asked).await?;
     let (profile, memory_gib) = match &asked.what {
         Request::Mig { profile } => (Some(profile.clone()), None),
         Request::Share { memory_gib, .. } => (None, Some(*memory_gib)),

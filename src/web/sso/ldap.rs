@@ -120,10 +120,11 @@ impl Ldap {
             return Ok(None);
         }
         let s = &self.settings;
+        // `with_timeout` covers the next operation only: one per operation.
         let mut ldap = self.connect().await?;
-        ldap.with_timeout(TIMEOUT);
         if let (Some(dn), Some(pw)) = (&s.bind_dn, &s.bind_password) {
-            ldap.simple_bind(dn, pw)
+            ldap.with_timeout(TIMEOUT)
+                .simple_bind(dn, pw)
                 .await
                 .and_then(|r| r.success())
                 .map_err(unreachable_dir)?;
@@ -162,7 +163,8 @@ impl Ldap {
         if let Some(base) = &s.group_base {
             // Read groups as the service account (people often may not).
             if let (Some(dn), Some(pw)) = (&s.bind_dn, &s.bind_password) {
-                ldap.simple_bind(dn, pw)
+                ldap.with_timeout(TIMEOUT)
+                    .simple_bind(dn, pw)
                     .await
                     .and_then(|r| r.success())
                     .map_err(unreachable_dir)?;
@@ -182,7 +184,7 @@ impl Ldap {
                 groups.extend(g.attrs.get(&s.group_attr).cloned().unwrap_or_default());
             }
         }
-        let _ = ldap.unbind().await;
+        let _ = ldap.with_timeout(TIMEOUT).unbind().await;
         let Some(email) = first(&s.email_attr).and_then(|e| Email::parse(&e).ok()) else {
             return Err(AppError::Forbidden(format!(
                 "the campus directory has no e-mail address (attribute {}) for you; ask your admins",

@@ -187,6 +187,7 @@ impl Sso {
                     groups_claim: a.oidc_groups_claim.trim().to_string(),
                     name: a.oidc_name.trim().to_string(),
                     redirect_url: nonempty(&a.oidc_redirect_url),
+                    trust_email: a.oidc_trust_email,
                 })?)
             }
         };
@@ -269,65 +270,81 @@ pub async fn provision(
     let mut tx = state.pool.begin().await?;
     let user_id = match db::sso::user_of(&mut tx, who.provider, &who.subject).await? {
         Some(id) => id,
-        None => {
-            match db::users::id_by_email(&mut *tx, &who.email).await? {
-                Some(id) => {
-                    if !who.email_verified {
-                        return Err(AppError::Forbidden(format!(
-                        "the identity provider did not confirm {} belongs to you, so it cannot open the existing account of that address; ask an admin",
-                        who.email.as_str()
-                    )));
-                    }
-                    db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
-                    db::audit::record(
-                        &mut *tx,
-                        &Actor {
-                            user_id: Some(id),
-                            ..actor.clone()
-                        },
-                        "sso.linked",
-                        who.email.as_str(),
-                        json!({"provider": who.provider, "subject": who.subject}),
-                    )
-                    .await?;
-                    id
-                }
-                None => {
-                    let name = parse_name(&who.name, "name").unwrap_or_else(|_| {
-                        who.email
-                            .as_str()
-                            .split('@')
-                            .next()
-                            .unwrap_or("user")
-                            .to_string()
+        // A new identity gets an account, or is linked to the account of
+        // its address, only when the provider vouches for the address:
+        // else whoever can set an address at the provider would own it here.
+        None if !who.email_verified => {
+            return Err(AppError::Forbidden(
+                "the identity provider did not confirm your e-mail address, which gpuslice needs to know who you are; ask your admins"
+                    .into(),
+            ));
+        }
+        None => match db::users::id_by_email(&mut *tx, &who.email).await? {
+            Some(id) => {
+                // The break-glass account stays a password account, and an
+                // account already tied to another identity of this provider
+                // is not taken over by a second one.
+                let break_glass =
+                    state.sso.password_only_for.as_deref().is_some_and(|b| {
+                        !b.is_empty() && b.eq_ignore_ascii_case(who.email.as_str())
                     });
-                    let id = match db::users::insert(&mut *tx, &who.email, &name, NO_PASSWORD, GlobalRole::None)
-                    .await
-                {
+                if break_glass || db::sso::linked_to(&mut tx, who.provider, id).await? {
+                    return Err(AppError::Forbidden(
+                        "this address belongs to an account that cannot be opened this way; ask a platform admin"
+                            .into(),
+                    ));
+                }
+                db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
+                db::audit::record(
+                    &mut *tx,
+                    &Actor {
+                        user_id: Some(id),
+                        ..actor.clone()
+                    },
+                    "sso.linked",
+                    who.email.as_str(),
+                    json!({"provider": who.provider, "subject": who.subject}),
+                )
+                .await?;
+                id
+            }
+            None => {
+                let name = parse_name(&who.name, "name").unwrap_or_else(|_| {
+                    who.email
+                        .as_str()
+                        .split('@')
+                        .next()
+                        .unwrap_or("user")
+                        .to_string()
+                });
+                let made =
+                    db::users::insert(&mut *tx, &who.email, &name, NO_PASSWORD, GlobalRole::None)
+                        .await;
+                let id = match made {
                     Ok(id) => id,
                     Err(e) if db::is_unique_violation(&e, "users_email_key") => {
                         return Err(AppError::Conflict(
-                            "another sign-in made this account at the same moment; sign in again".into(),
+                            "another sign-in made this account at the same moment; sign in again"
+                                .into(),
                         ))
                     }
                     Err(e) => return Err(e.into()),
                 };
-                    db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
-                    db::audit::record(
-                        &mut *tx,
-                        &Actor {
-                            user_id: Some(id),
-                            ..actor.clone()
-                        },
-                        "user.created",
-                        who.email.as_str(),
-                        json!({"via": who.provider, "subject": who.subject}),
-                    )
-                    .await?;
-                    id
-                }
+                db::sso::link(&mut tx, who.provider, &who.subject, id).await?;
+                db::audit::record(
+                    &mut *tx,
+                    &Actor {
+                        user_id: Some(id),
+                        ..actor.clone()
+                    },
+                    "user.created",
+                    who.email.as_str(),
+                    json!({"via": who.provider, "subject": who.subject}),
+                )
+                .await?;
+                id
             }
-        }
+        },
     };
     actor.user_id = Some(user_id);
     let account = db::sso::account_for_update(&mut tx, user_id).await?;
@@ -336,9 +353,8 @@ pub async fn provision(
             "this account is disabled; ask a platform admin".into(),
         ));
     }
-    if !state.sso.mapping.is_empty() {
-        apply_mapping(&mut tx, &state.sso.mapping, who, user_id, &account, &actor).await?;
-    }
+    // Always, even with no mapping: then what it once granted goes.
+    apply_mapping(&mut tx, &state.sso.mapping, who, user_id, &account, &actor).await?;
     tx.commit().await?;
     Ok((user_id, account.session_epoch))
 }

@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine;
 use openidconnect::core::{CoreClient, CoreProviderMetadata, CoreResponseType};
+use openidconnect::url;
 use openidconnect::{
     AuthenticationFlow, AuthorizationCode, ClientId, ClientSecret, CsrfToken, IssuerUrl, Nonce,
     PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope,
@@ -43,8 +44,11 @@ pub struct OidcSettings {
     /// The provider's name on the sign-in button.
     pub name: String,
     /// Where the provider sends the browser back; unset: this site's
-    /// `/auth/oidc/callback` as the browser reached it.
+    /// `/auth/oidc/callback` at its public URL.
     pub redirect_url: Option<String>,
+    /// Take the e-mail claim as confirmed without `email_verified` (a
+    /// provider whose addresses the campus assigns, e.g. Entra ID's `upn`).
+    pub trust_email: bool,
 }
 
 /// A configured provider with its cached metadata.
@@ -59,6 +63,8 @@ const METADATA_TTL: Duration = Duration::from_secs(3600);
 /// How long a started sign-in may take at the provider.
 const FLOW_SECS: i64 = 600;
 const FLOW_KEY: &str = "oidc_flow";
+/// Sign-ins one address may start per throttle window.
+const START_LIMIT: i32 = 60;
 
 /// A sign-in in flight, kept in the session.
 #[derive(Serialize, Deserialize)]
@@ -73,8 +79,22 @@ struct Flow {
 
 impl Oidc {
     pub fn new(settings: OidcSettings) -> anyhow::Result<Oidc> {
-        IssuerUrl::new(settings.issuer.clone())
+        let issuer = IssuerUrl::new(settings.issuer.clone())
             .map_err(|e| anyhow::anyhow!("GPUSLICE_OIDC_ISSUER is not a URL: {e}"))?;
+        // Keys and tokens must not cross the network in the clear: plain
+        // HTTP only to a provider on this machine.
+        let url = issuer.url();
+        let loopback = match url.host() {
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            Some(url::Host::Domain(d)) => d == "localhost",
+            None => false,
+        };
+        if url.scheme() != "https" && !(url.scheme() == "http" && loopback) {
+            anyhow::bail!(
+                "GPUSLICE_OIDC_ISSUER: use an https:// URL (plain http only for a provider on this machine)"
+            );
+        }
         if let Some(r) = &settings.redirect_url {
             RedirectUrl::new(r.clone())
                 .map_err(|e| anyhow::anyhow!("GPUSLICE_OIDC_REDIRECT_URL is not a URL: {e}"))?;
@@ -141,9 +161,16 @@ pub async fn start(
     State(state): State<AppState>,
     session: Session,
     headers: HeaderMap,
+    parts: RequestParts,
     Query(q): Query<StartQuery>,
 ) -> Result<Response, AppError> {
     let oidc = state.sso.oidc.as_ref().ok_or(AppError::NotFound)?;
+    // Each start writes a session: counted per address, as sign-ins are.
+    let key = format!("oidc-start:{}", throttle_scope(&parts.client_addr));
+    let (n, left) = db::throttle::hit(&state.pool, &key, crate::web::auth::WINDOW_SECS).await?;
+    if n > START_LIMIT {
+        return Err(AppError::TooManyRequests(left));
+    }
     let metadata = oidc.metadata().await?;
     let redirect = oidc.redirect_url(&state, &headers);
     let client = CoreClient::from_provider_metadata(
@@ -253,9 +280,12 @@ pub async fn callback(
         refuse!(
             StatusCode::UNAUTHORIZED,
             format!(
-                "{} did not sign you in: {}",
+                "{} did not sign you in (it said: \"{}\").",
                 oidc.settings.name,
-                why.chars().take(300).collect::<String>()
+                why.chars()
+                    .filter(|c| !c.is_control())
+                    .take(200)
+                    .collect::<String>()
             ),
         );
     }
@@ -326,7 +356,7 @@ pub async fn callback(
             refuse!(
                 StatusCode::UNAUTHORIZED,
                 format!(
-                    "The ID token from {} did not verify ({e}); nobody was signed in.",
+                    "The ID token from {} did not verify; nobody was signed in.",
                     oidc.settings.name
                 ),
             );
@@ -352,14 +382,20 @@ pub async fn callback(
         .and_then(|n| n.get(None))
         .map(|n| n.as_str().to_string())
         .unwrap_or_default();
+    let address = email.as_str().to_string();
     let who = Identity {
         provider: "oidc",
         subject: format!("{}#{}", claims.issuer().as_str(), claims.subject().as_str()),
         email,
-        email_verified: raw
-            .get("email_verified")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        // `email_verified` speaks of the `email` claim only.
+        email_verified: oidc.settings.trust_email
+            || (raw.get("email_verified").and_then(Value::as_bool) == Some(true)
+                && raw
+                    .get("email")
+                    .and_then(Value::as_str)
+                    .map(str::to_lowercase)
+                    .as_deref()
+                    == Some(address.as_str())),
         name,
         groups: strings(raw.get(&oidc.settings.groups_claim)),
     };
@@ -386,6 +422,7 @@ pub async fn callback(
             addr_key: &addr_key,
             actor: &actor,
             how: "oidc",
+            accept_invitations: who.email_verified,
         },
     )
     .await?;
