@@ -30,6 +30,13 @@ fn sso(args: &[&str]) -> gpuslice::web::sso::Sso {
     gpuslice::web::sso::Sso::from_args(&s.sso).unwrap()
 }
 
+/// A server with single sign-on configured by `args` (flags as on the
+/// command line).
+async fn app_with(args: &[&str]) -> TestApp {
+    let s = std::sync::Arc::new(sso(args));
+    TestApp::spawn_configured(Default::default(), |st| st.sso = s).await
+}
+
 const MAPPING: &str =
     "gpu-vision-lab=vision-lab,gpu-vision-pis=vision-lab:manager,gpu-admins=platform:admin";
 
@@ -155,7 +162,7 @@ fn t(slug: &str, role: &str, source: &str) -> (String, String, String) {
 #[tokio::test]
 async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
     let Some(p) = provider() else { return };
-    let s = sso(&[
+    let app = app_with(&[
         "--oidc-issuer",
         &p.url,
         "--oidc-client-id",
@@ -166,9 +173,8 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
         "Uni Login",
         "--sso-groups",
         MAPPING,
-    ]);
-    let app =
-        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    ])
+    .await;
     app.tenant("vision-lab").await;
     app.tenant("other").await;
     let login = app
@@ -269,7 +275,7 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
 #[tokio::test]
 async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified_links() {
     let Some(p) = provider() else { return };
-    let s = sso(&[
+    let app = app_with(&[
         "--oidc-issuer",
         &p.url,
         "--oidc-client-id",
@@ -278,9 +284,8 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
         "s3cret",
         "--sso-groups",
         MAPPING,
-    ]);
-    let app =
-        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    ])
+    .await;
     app.tenant("vision-lab").await;
     as_user(&p, "u-bob", "bob@uni.edu", true, &["gpu-vision-lab"]).await;
     let signed_in = |c: Client| {
@@ -381,7 +386,7 @@ async fn oidc_refuses_tampered_tokens_wrong_nonces_replayed_codes_and_unverified
 #[tokio::test]
 async fn local_passwords_off_leaves_only_the_break_glass_admin() {
     let Some(p) = provider() else { return };
-    let s = sso(&[
+    let app = app_with(&[
         "--oidc-issuer",
         &p.url,
         "--oidc-client-id",
@@ -392,9 +397,8 @@ async fn local_passwords_off_leaves_only_the_break_glass_admin() {
         "off",
         "--break-glass-admin",
         "root@uni.edu",
-    ]);
-    let app =
-        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    ])
+    .await;
     app.user("root@uni.edu", "admin", &[]).await;
     app.user("ana@uni.edu", "none", &[]).await;
     let r = app
@@ -603,7 +607,7 @@ fn rand_suffix() -> u64 {
 async fn ldap_binds_as_the_person_over_tls_and_maps_their_groups() {
     let Some(dir) = directory() else { return };
     let ca = dir.ca.to_string_lossy().into_owned();
-    let s = sso(&[
+    let app = app_with(&[
         "--ldap-url",
         &dir.url,
         "--ldap-ca-file",
@@ -618,9 +622,8 @@ async fn ldap_binds_as_the_person_over_tls_and_maps_their_groups() {
         "ou=groups,dc=uni,dc=edu",
         "--sso-groups",
         MAPPING,
-    ]);
-    let app =
-        TestApp::spawn_configured(Default::default(), |st| st.sso = std::sync::Arc::new(s)).await;
+    ])
+    .await;
     app.tenant("vision-lab").await;
     let page = app
         .client()

@@ -266,6 +266,29 @@ async fn back_with_errors(
     Ok((StatusCode::UNPROCESSABLE_ENTITY, p).into_response())
 }
 
+/// The tenant page again with `message` beside member `member_id`'s row.
+async fn back_with_row_error(
+    state: &AppState,
+    session: &Session,
+    user: &CurrentUser,
+    tenant: Tenant,
+    member_id: i64,
+    message: String,
+) -> Result<Response, AppError> {
+    let mut errors = FieldErrors::default();
+    errors.add(&format!("role-{member_id}"), message);
+    back_with_errors(
+        state,
+        session,
+        user,
+        tenant,
+        errors,
+        AddForm::default(),
+        None,
+    )
+    .await
+}
+
 fn to_page(slug: &str) -> Response {
     Redirect::to(&format!("/tenants/{slug}")).into_response()
 }
@@ -456,18 +479,7 @@ pub async fn set_role(
     let role = match TenantRole::parse(&form.role) {
         Ok(r) => r,
         Err(e) => {
-            let mut errors = FieldErrors::default();
-            errors.add(&format!("role-{member_id}"), e);
-            return back_with_errors(
-                &state,
-                &session,
-                &user,
-                tenant,
-                errors,
-                AddForm::default(),
-                None,
-            )
-            .await;
+            return back_with_row_error(&state, &session, &user, tenant, member_id, e).await;
         }
     };
     let mut tx = state.pool.begin().await?;
@@ -479,18 +491,7 @@ pub async fn set_role(
     if role == TenantRole::Member {
         if let Some(refusal) = last_manager(&mut tx, &user, &tenant, member_id).await? {
             drop(tx);
-            let mut errors = FieldErrors::default();
-            errors.add(&format!("role-{member_id}"), refusal);
-            return back_with_errors(
-                &state,
-                &session,
-                &user,
-                tenant,
-                errors,
-                AddForm::default(),
-                None,
-            )
-            .await;
+            return back_with_row_error(&state, &session, &user, tenant, member_id, refusal).await;
         }
     }
     db::users::set_membership(&mut *tx, member_id, tenant.id, role).await?;
@@ -533,18 +534,7 @@ pub async fn remove_member(
         .ok_or(AppError::NotFound)?;
     if let Some(refusal) = last_manager(&mut tx, &user, &tenant, member_id).await? {
         drop(tx);
-        let mut errors = FieldErrors::default();
-        errors.add(&format!("role-{member_id}"), refusal);
-        return back_with_errors(
-            &state,
-            &session,
-            &user,
-            tenant,
-            errors,
-            AddForm::default(),
-            None,
-        )
-        .await;
+        return back_with_row_error(&state, &session, &user, tenant, member_id, refusal).await;
     }
     db::users::remove_membership(&mut *tx, member_id, tenant.id).await?;
     db::audit::record(
