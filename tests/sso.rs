@@ -426,6 +426,8 @@ async fn local_passwords_off_leaves_only_the_break_glass_admin() {
 struct Directory {
     child: Child,
     url: String,
+    /// The same directory on plain LDAP, for StartTLS.
+    plain_url: String,
     ca: std::path::PathBuf,
     _dir: tempdir::Dir,
 }
@@ -577,8 +579,21 @@ fn directory() -> Option<Directory> {
         .unwrap()
         .port();
     let url = format!("ldaps://127.0.0.1:{port}/");
+    let plain_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let plain_url = format!("ldap://127.0.0.1:{plain_port}/");
     let child = Command::new(slapd)
-        .args(["-f", &d("slapd.conf"), "-h", &url, "-d", "0"])
+        .args([
+            "-f",
+            &d("slapd.conf"),
+            "-h",
+            &format!("{url} {plain_url}"),
+            "-d",
+            "0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -588,9 +603,14 @@ fn directory() -> Option<Directory> {
         assert!(started.elapsed().as_secs() < 20, "slapd did not start");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    while std::net::TcpStream::connect(("127.0.0.1", plain_port)).is_err() {
+        assert!(started.elapsed().as_secs() < 20, "slapd did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     Some(Directory {
         child,
         url,
+        plain_url,
         ca: dir.join("ca.pem"),
         _dir: tempdir::Dir(dir),
     })
@@ -678,6 +698,26 @@ async fn ldap_binds_as_the_person_over_tls_and_maps_their_groups() {
         .one("SELECT count(*) FROM audit_log WHERE action = 'login.failed'")
         .await;
     assert_eq!(failed, 4);
+
+    // StartTLS on the plain port works the same.
+    let starttls = app_with(&[
+        "--ldap-url",
+        &dir.plain_url,
+        "--ldap-starttls",
+        "--ldap-ca-file",
+        &ca,
+        "--ldap-bind-dn",
+        "cn=admin,dc=uni,dc=edu",
+        "--ldap-bind-password",
+        "directory-admin-secret",
+        "--ldap-user-base",
+        PEOPLE,
+    ])
+    .await;
+    let r = starttls
+        .login_as(&starttls.client(), "erin", "erin campus passphrase")
+        .await;
+    assert_eq!(r.status(), 303, "StartTLS sign-in");
 
     // Passwords never cross in the clear: plain ldap:// without StartTLS
     // is refused when the server starts.
