@@ -197,7 +197,10 @@ pub struct TimelineRow {
 /// `data-fill-start` (a click puts their start into the form), a tick at
 /// each local midnight (`tz_offset_secs` east of UTC) and a line at `now`.
 pub fn timeline(rows: &[TimelineRow], from: i64, to: i64, now: i64, tz_offset_secs: i64) -> String {
-    let (left, right, top, row_h, bar_h) = (150.0_f64, 712.0_f64, 18.0_f64, 24.0_f64, 16.0_f64);
+    // The label column fits the longest label (11 px text, ~6.6 px a character).
+    let longest = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
+    let left = (longest as f64 * 6.6 + 12.0).clamp(80.0, 260.0);
+    let (right, top, row_h, bar_h) = (712.0_f64, 18.0_f64, 24.0_f64, 16.0_f64);
     let w = right + 8.0;
     let h = top + row_h * rows.len() as f64 + 6.0;
     let span = (to - from).max(1) as f64;

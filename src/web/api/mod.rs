@@ -141,6 +141,19 @@ fn tightened(doc: OpenApi) -> Value {
                             param["required"] = json!(false);
                             json!({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "maxLength": 0}]})
                         }
+                        "profile" if path == "/availability" => {
+                            let mut profiles: Vec<&str> = crate::gpu::catalog::models()
+                                .iter()
+                                .flat_map(|m| m.profiles.iter().map(|p| p.name.as_str()))
+                                .collect();
+                            profiles.sort_unstable();
+                            profiles.dedup();
+                            profiles.push("");
+                            json!({"type": "string", "enum": profiles})
+                        }
+                        "memory_gib" if path == "/availability" => {
+                            json!({"type": "string", "pattern": "^([1-9][0-9]{0,2}|10[01][0-9]|102[0-4])?$"})
+                        }
                         "model" if path == "/availability" => {
                             let mut models: Vec<&str> =
                                 crate::gpu::catalog::models().iter().map(|m| m.id).collect();
