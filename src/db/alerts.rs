@@ -91,6 +91,8 @@ pub struct Filter {
     pub owner: Option<i64>,
     pub booking_id: Option<i64>,
     pub id: Option<i64>,
+    /// Alerts after this one in the list's order (keyset pagination).
+    pub before: Option<i64>,
     pub limit: i64,
 }
 
@@ -115,6 +117,11 @@ pub async fn list(db: impl PgExecutor<'_>, f: &Filter) -> sqlx::Result<Vec<Alert
              AND ($6::bigint IS NULL OR b.user_id = $6)
              AND ($7::bigint IS NULL OR a.booking_id = $7)
              AND ($9::bigint IS NULL OR a.id = $9)
+             AND ($10::bigint IS NULL OR EXISTS (
+                   SELECT 1 FROM alerts c WHERE c.id = $10 AND (
+                     (a.state = 'resolved') > (c.state = 'resolved')
+                     OR ((a.state = 'resolved') = (c.state = 'resolved')
+                         AND (a.started_at, a.id) < (c.started_at, c.id)))))
            ORDER BY (a.state = 'resolved'), a.started_at DESC, a.id DESC
            LIMIT $8"#,
         states.as_deref(),
@@ -125,7 +132,8 @@ pub async fn list(db: impl PgExecutor<'_>, f: &Filter) -> sqlx::Result<Vec<Alert
         f.owner,
         f.booking_id,
         f.limit,
-        f.id
+        f.id,
+        f.before
     )
     .fetch_all(db)
     .await

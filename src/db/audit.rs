@@ -67,17 +67,23 @@ pub async fn record(
 
 /// The newest entries, optionally only those whose action starts with
 /// `action_prefix`.
+/// The newest entries whose action starts with `action_prefix`, older than
+/// entry `before` when given (keyset pagination).
 pub async fn recent(
     db: impl PgExecutor<'_>,
     action_prefix: &str,
+    before: Option<i64>,
     limit: i64,
 ) -> sqlx::Result<Vec<Entry>> {
     sqlx::query_as!(
         Entry,
-        "SELECT id, at, actor_email, action, target, detail, client_addr
-         FROM audit_log WHERE starts_with(action, $1)
-         ORDER BY at DESC, id DESC LIMIT $2",
+        "SELECT a.id, a.at, a.actor_email, a.action, a.target, a.detail, a.client_addr
+         FROM audit_log a WHERE starts_with(a.action, $1)
+           AND ($2::bigint IS NULL
+                OR (a.at, a.id) < (SELECT b.at, b.id FROM audit_log b WHERE b.id = $2))
+         ORDER BY a.at DESC, a.id DESC LIMIT $3",
         action_prefix,
+        before,
         limit
     )
     .fetch_all(db)

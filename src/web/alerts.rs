@@ -22,8 +22,8 @@ use crate::db;
 use crate::db::alerts::{Alert, Filter};
 use crate::domain::alerts::{AlertState, Rule, RuleEdit, Severity};
 
-/// Most alerts a page lists.
-const PAGE_ROWS: i64 = 500;
+/// Alerts on one page (open first, then newest; older on the next page).
+const PAGE_ROWS: i64 = 200;
 
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct AlertQuery {
@@ -35,6 +35,9 @@ pub struct AlertQuery {
     pub rule: String,
     #[serde(default)]
     pub node: String,
+    /// Alerts after this one (the "older" link).
+    #[serde(default)]
+    pub before: String,
 }
 
 impl AlertQuery {
@@ -61,7 +64,9 @@ impl AlertQuery {
             severity,
             rule: text(&self.rule),
             node: text(&self.node),
-            limit: PAGE_ROWS,
+            before: crate::web::bookings::cursor_of(Some(&self.before), "before")?,
+            // One more than shown: whether an older page exists.
+            limit: PAGE_ROWS + 1,
             ..Filter::default()
         })
     }
@@ -87,6 +92,7 @@ pub struct AlertsPage {
     rule_names: Vec<&'static str>,
     now: OffsetDateTime,
     csrf: String,
+    older: Option<i64>,
 }
 
 #[derive(Template, WebTemplate)]
@@ -96,6 +102,16 @@ pub struct AlertsTable {
     csrf: String,
     now: OffsetDateTime,
     q: AlertQuery,
+    /// The last alert shown when more follow.
+    older: Option<i64>,
+}
+
+/// Cuts a fetched page to its size; the cursor of the next page if any.
+fn cut(alerts: &mut Vec<Alert>) -> Option<i64> {
+    (alerts.len() as i64 > PAGE_ROWS).then(|| {
+        alerts.truncate(PAGE_ROWS as usize);
+        alerts.last().map(|a| a.id).unwrap_or_default()
+    })
 }
 
 fn rows(rules: Vec<Rule>) -> Vec<RuleRow> {
@@ -117,7 +133,8 @@ async fn page(
     q: AlertQuery,
     rules: Vec<RuleRow>,
 ) -> Result<AlertsPage, AppError> {
-    let alerts = db::alerts::list(&state.pool, &q.filter()?).await?;
+    let mut alerts = db::alerts::list(&state.pool, &q.filter()?).await?;
+    let older = cut(&mut alerts);
     let notifications = db::notify::recent(&state.pool, 50).await?;
     let ctx = PageCtx::new(session, Some(&admin.0)).await?;
     Ok(AlertsPage {
@@ -130,6 +147,7 @@ async fn page(
         severities: Severity::ALL.iter().map(|s| s.as_str()).collect(),
         rule_names: crate::domain::alerts::RULES.to_vec(),
         now: OffsetDateTime::now_utc(),
+        older,
     })
 }
 
@@ -141,13 +159,15 @@ pub async fn alerts(
     Query(q): Query<AlertQuery>,
 ) -> Result<Response, AppError> {
     if headers.contains_key("hx-request") {
-        let alerts = db::alerts::list(&state.pool, &q.filter()?).await?;
+        let mut alerts = db::alerts::list(&state.pool, &q.filter()?).await?;
+        let older = cut(&mut alerts);
         let ctx = PageCtx::new(&session, Some(&admin.0)).await?;
         return Ok(AlertsTable {
             alerts,
             csrf: ctx.csrf,
             now: OffsetDateTime::now_utc(),
             q,
+            older,
         }
         .into_response());
     }

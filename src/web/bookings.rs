@@ -24,8 +24,9 @@ use crate::booking::{self, BookingError, Created, Offering, Requester};
 use crate::db::{self, bookings::Booking, bookings::Scope};
 use crate::domain::booking::{BookingInput, Kind, Status, Step};
 
-/// Most bookings the list page shows (newest first, live ones first).
-const PAGE_LIMIT: i64 = 300;
+/// Bookings on one page of the list (newest first; older ones on the next
+/// page).
+const PAGE_LIMIT: i64 = 100;
 
 /// The rules' view of the signed-in user.
 pub fn requester(u: &CurrentUser) -> Requester {
@@ -82,6 +83,25 @@ pub struct ListQuery {
     /// or `all` (admins).
     pub scope: Option<String>,
     pub tenant: Option<String>,
+    /// Bookings older than this one (the page's "older" link).
+    pub before: Option<String>,
+    /// The API's name for `before` (its `next_cursor`).
+    pub cursor: Option<String>,
+    /// The API's page size.
+    pub limit: Option<String>,
+}
+
+/// A page cursor: a booking id (or none).
+pub(crate) fn cursor_of(raw: Option<&str>, field: &str) -> Result<Option<i64>, AppError> {
+    match raw.map(str::trim).filter(|c| !c.is_empty()) {
+        None => Ok(None),
+        Some(c) => c
+            .parse::<i64>()
+            .ok()
+            .filter(|id| *id > 0)
+            .map(Some)
+            .ok_or_else(|| AppError::invalid(field, "a cursor is the id from a previous page")),
+    }
 }
 
 pub(crate) async fn scope_of(
@@ -351,6 +371,10 @@ pub struct ListPage {
     poll_url: String,
     scope: String,
     tenant: String,
+    /// The next page (older bookings), when there is one.
+    older_url: Option<String>,
+    /// Back to the newest, when not on the first page.
+    newest_url: Option<String>,
     managed: Vec<(String, String)>,
     is_admin: bool,
 }
@@ -369,17 +393,29 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Response, AppError> {
     let scope = scope_of(&state, &user, &q).await?;
-    let bookings = db::bookings::list(&state.pool, scope, PAGE_LIMIT).await?;
+    let before = cursor_of(q.before.as_deref(), "before")?;
+    let mut bookings = db::bookings::page(&state.pool, scope, before, PAGE_LIMIT + 1).await?;
+    let older = (bookings.len() as i64 > PAGE_LIMIT).then(|| {
+        bookings.truncate(PAGE_LIMIT as usize);
+        bookings.last().map(|b| b.id).unwrap_or_default()
+    });
     let scope_name = match scope {
         Scope::User(_) => "mine",
         Scope::Tenant(_) => "tenant",
         Scope::All => "all",
     };
     let tenant = q.tenant.clone().unwrap_or_default();
-    let poll_url = format!(
+    let base = format!(
         "/bookings?scope={scope_name}&tenant={}",
         form_urlencoded::byte_serialize(tenant.as_bytes()).collect::<String>()
     );
+    // The live refresh keeps the page it is on.
+    let poll_url = match before {
+        Some(b) => format!("{base}&before={b}"),
+        None => base.clone(),
+    };
+    let older_url = older.map(|id| format!("{base}&before={id}"));
+    let newest_url = before.map(|_| base.clone());
     let show_owner = scope_name != "mine";
     if is_htmx(&headers) {
         return Ok(RowsFragment {
@@ -396,6 +432,8 @@ pub async fn list(
         poll_url,
         scope: scope_name.into(),
         tenant,
+        older_url,
+        newest_url,
         managed: user
             .memberships
             .iter()

@@ -198,7 +198,11 @@ pub struct TimelineRow {
 /// each local midnight (`tz_offset_secs` east of UTC) and a line at `now`.
 pub fn timeline(rows: &[TimelineRow], from: i64, to: i64, now: i64, tz_offset_secs: i64) -> String {
     // The label column fits the longest label (11 px text, ~6.6 px a character).
-    let longest = rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0);
+    let longest = rows
+        .iter()
+        .map(|r| r.label.chars().count())
+        .max()
+        .unwrap_or(0);
     let left = (longest as f64 * 6.6 + 12.0).clamp(80.0, 260.0);
     let (right, top, row_h, bar_h) = (712.0_f64, 18.0_f64, 24.0_f64, 16.0_f64);
     let w = right + 8.0;

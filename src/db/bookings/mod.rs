@@ -177,6 +177,37 @@ pub async fn list(
     get_many(db, &ids).await
 }
 
+/// A page of bookings in `scope`, newest first (by creation, then id),
+/// older than the booking `before` when given: keyset pagination, each
+/// page one index range scan however deep.
+pub async fn page(
+    db: impl PgExecutor<'_> + Copy,
+    scope: Scope,
+    before: Option<i64>,
+    limit: i64,
+) -> sqlx::Result<Vec<Booking>> {
+    let (user, tenant) = match scope {
+        Scope::User(u) => (Some(u), None),
+        Scope::Tenant(t) => (None, Some(t)),
+        Scope::All => (None, None),
+    };
+    let ids = sqlx::query_scalar!(
+        "SELECT b.id FROM bookings b
+         WHERE ($1::bigint IS NULL OR b.user_id = $1) AND ($2::bigint IS NULL OR b.tenant_id = $2)
+           AND ($3::bigint IS NULL
+                OR (b.created_at, b.id) < (SELECT c.created_at, c.id FROM bookings c WHERE c.id = $3))
+         ORDER BY b.created_at DESC, b.id DESC
+         LIMIT $4",
+        user,
+        tenant,
+        before,
+        limit
+    )
+    .fetch_all(db)
+    .await?;
+    get_many(db, &ids).await
+}
+
 /// A new booking.
 pub struct NewBooking<'a> {
     pub tenant_id: i64,

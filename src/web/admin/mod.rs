@@ -20,8 +20,8 @@ use super::pages::PageCtx;
 use super::AppState;
 use crate::db;
 
-/// Most audit entries the audit page shows (newest first).
-const AUDIT_LIMIT: i64 = 500;
+/// Audit entries on one page (newest first; older ones on the next page).
+const AUDIT_LIMIT: i64 = 200;
 
 pub use requests::*;
 pub use tenants::*;
@@ -36,12 +36,17 @@ pub struct AuditPage {
     entries: Vec<db::audit::Entry>,
     filter: String,
     filters: Vec<(&'static str, &'static str)>,
+    older_url: Option<String>,
+    newest_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct AuditQuery {
     #[serde(default)]
     action: String,
+    /// Entries older than this one (the "older" link).
+    #[serde(default)]
+    before: String,
 }
 
 pub async fn audit(
@@ -65,11 +70,26 @@ pub async fn audit(
         .find(|(k, _)| *k == q.action)
         .map(|(k, _)| k.to_string())
         .unwrap_or_default();
+    let before = crate::web::bookings::cursor_of(Some(&q.before), "before")?;
+    let mut entries = db::audit::recent(&state.pool, &filter, before, AUDIT_LIMIT + 1).await?;
+    let base = format!(
+        "/admin/audit?action={}",
+        form_urlencoded::byte_serialize(filter.as_bytes()).collect::<String>()
+    );
+    let older_url = (entries.len() as i64 > AUDIT_LIMIT).then(|| {
+        entries.truncate(AUDIT_LIMIT as usize);
+        format!(
+            "{base}&before={}",
+            entries.last().map(|e| e.id).unwrap_or_default()
+        )
+    });
     Ok(AuditPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
-        entries: db::audit::recent(&state.pool, &filter, AUDIT_LIMIT).await?,
+        entries,
         filter,
         filters,
+        older_url,
+        newest_url: before.map(|_| base),
     })
 }
 

@@ -11,19 +11,25 @@ use crate::web::auth::CurrentUser;
 use crate::web::error::AppError;
 use crate::web::AppState;
 
-/// Most alerts one answer carries (newest first).
-const MAX_ALERTS: i64 = 1_000;
+/// Alerts one answer carries (open first, then newest); a `Link: rel="next"`
+/// header leads on.
+const MAX_ALERTS: i64 = 500;
 
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct AlertsQuery {
     state: Option<String>,
+    /// The last alert of the previous page (from the `Link` header).
+    cursor: Option<String>,
 }
 
 /// Alerts by state: `firing` (the default), `resolved` or `all`.
 #[utoipa::path(get, path = "/alerts",
-    params(("state" = Option<String>, Query, description = "firing (default), resolved or all")),
+    params(
+        ("state" = Option<String>, Query, description = "firing (default), resolved or all"),
+        ("cursor" = Option<String>, Query, description = "the next page, as the Link header's rel=\"next\" gives it"),
+    ),
     responses(
-        (status = 200, body = Vec<AlertView>),
+        (status = 200, body = Vec<AlertView>, description = "a page; `Link: <…>; rel=\"next\"` when more follow"),
         (status = 401, body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
@@ -31,7 +37,7 @@ pub async fn alerts(
     State(state): State<AppState>,
     user: CurrentUser,
     Query(q): Query<AlertsQuery>,
-) -> Result<Json<Vec<AlertView>>, AppError> {
+) -> Result<axum::response::Response, AppError> {
     let states = match q.state.as_deref().unwrap_or("firing") {
         "firing" => Some(vec![AlertState::Firing]),
         "resolved" => Some(vec![AlertState::Resolved]),
@@ -46,9 +52,24 @@ pub async fn alerts(
     let filter = db::alerts::Filter {
         states,
         owner: (!user.is_admin()).then_some(user.user.id),
-        limit: MAX_ALERTS,
+        before: crate::web::bookings::cursor_of(q.cursor.as_deref(), "cursor")?,
+        limit: MAX_ALERTS + 1,
         ..Default::default()
     };
-    let list = db::alerts::list(&state.pool, &filter).await?;
-    Ok(Json(list.into_iter().map(AlertView::from).collect()))
+    let mut list = db::alerts::list(&state.pool, &filter).await?;
+    let next = (list.len() as i64 > MAX_ALERTS).then(|| {
+        list.truncate(MAX_ALERTS as usize);
+        list.last().map(|a| a.id).unwrap_or_default()
+    });
+    let body: Vec<AlertView> = list.into_iter().map(AlertView::from).collect();
+    let mut resp = axum::response::IntoResponse::into_response(Json(body));
+    if let Some(id) = next {
+        let state_param = q.state.as_deref().unwrap_or("firing");
+        if let Ok(v) = axum::http::HeaderValue::from_str(&format!(
+            "</api/v1/alerts?state={state_param}&cursor={id}>; rel=\"next\""
+        )) {
+            resp.headers_mut().insert(axum::http::header::LINK, v);
+        }
+    }
+    Ok(resp)
 }

@@ -18,8 +18,11 @@ use crate::web::bookings::{requester, scope_of, ListQuery};
 use crate::web::error::AppError;
 use crate::web::AppState;
 
-/// Most bookings one list answer carries (newest first, live ones first).
-const LIST_LIMIT: i64 = 500;
+/// Bookings one list answer carries unless `limit` says fewer (newest
+/// first; `next_cursor` leads on).
+const LIST_LIMIT: i64 = 100;
+/// The most `limit` may ask for.
+const MAX_LIMIT: i64 = 500;
 
 /// Every profile and share kind the fleet offers, with what is free now.
 #[utoipa::path(get, path = "/offerings", responses(
@@ -40,6 +43,8 @@ pub async fn offerings(
     params(
         ("scope" = Option<String>, Query, description = "mine (default), tenant or all"),
         ("tenant" = Option<String>, Query, description = "a tenant's slug, with scope=tenant"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("limit" = Option<String>, Query, description = "bookings per page, 1 to 500 (default 100)"),
     ),
     responses(
         (status = 200, body = BookingList),
@@ -53,9 +58,23 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<BookingList>, AppError> {
     let scope = scope_of(&state, &user, &q).await?;
-    let list = db::bookings::list(&state.pool, scope, LIST_LIMIT).await?;
+    let cursor = crate::web::bookings::cursor_of(q.cursor.as_deref(), "cursor")?;
+    let limit = match q.limit.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
+        None => LIST_LIMIT,
+        Some(l) => l
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| AppError::invalid("limit", "a page holds 1 to 500 bookings"))?,
+    };
+    let mut list = db::bookings::page(&state.pool, scope, cursor, limit + 1).await?;
+    let next_cursor = (list.len() as i64 > limit).then(|| {
+        list.truncate(limit as usize);
+        list.last().map(|b| b.id.to_string()).unwrap_or_default()
+    });
     Ok(Json(BookingList {
         bookings: list.iter().map(BookingView::from).collect(),
+        next_cursor,
     }))
 }
 

@@ -178,6 +178,10 @@ fn tightened(doc: OpenApi) -> Value {
                             json!({"type": "string", "enum": ["firing", "resolved", "all"]})
                         }
                         "id" => json!({"type": "integer", "format": "int64", "minimum": 1}),
+                        "cursor" => json!({"type": "string", "pattern": "^([1-9][0-9]{0,17})?$"}),
+                        "limit" => {
+                            json!({"type": "string", "pattern": "^([1-9]|[1-9][0-9]|[1-4][0-9]{2}|500)?$"})
+                        }
                         "Idempotency-Key" => {
                             json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\u0020-\\u007e]*$"})
                         }

@@ -174,7 +174,10 @@ pub struct IdleView {
 /// `GET /bookings`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BookingList {
+    /// Newest first.
     pub bookings: Vec<BookingView>,
+    /// Pass as `cursor` for the next (older) page; null on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// A new booking (`POST /bookings`). Numbers may also be given as strings.
