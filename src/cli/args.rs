@@ -326,6 +326,11 @@ pub struct GpuArgs {
     /// Hours raw telemetry samples are kept (5-minute rollups stay longer).
     #[arg(long, env = "GPUSLICE_TELEMETRY_RAW_HOURS", default_value_t = 48, value_parser = clap::value_parser!(i64).range(1..=8760))]
     pub telemetry_raw_hours: i64,
+    /// Months of per-interval usage rows kept (the current month counts;
+    /// whole monthly partitions are dropped); 0 keeps all. Daily rollups,
+    /// which every report reads, are kept forever.
+    #[arg(long, env = "GPUSLICE_USAGE_RETENTION_MONTHS", default_value_t = 13, value_parser = clap::value_parser!(i32).range(0..=1200))]
+    pub usage_retention_months: i32,
     /// Days the 5-minute telemetry rollups are kept.
     #[arg(long, env = "GPUSLICE_TELEMETRY_ROLLUP_DAYS", default_value_t = 90, value_parser = clap::value_parser!(i64).range(1..=3650))]
     pub telemetry_rollup_days: i64,

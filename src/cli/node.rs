@@ -321,6 +321,7 @@ pub fn start_watch(pool: &PgPool, gpu: &GpuArgs) -> Result<Vec<JoinHandle<()>>> 
         raw_hours: gpu.telemetry_raw_hours,
         rollup_days: gpu.telemetry_rollup_days,
     };
+    settings.usage_retention_months = gpu.usage_retention_months;
     let mut tasks = vec![tokio::spawn(crate::watch::run(pool.clone(), settings))];
     if channels.any() {
         tracing::info!(channels = ?channels, "notifications on");

@@ -146,9 +146,9 @@ pub async fn member_usage(
     since: OffsetDateTime,
 ) -> sqlx::Result<Vec<(i64, f64)>> {
     let rows = sqlx::query!(
-        r#"SELECT b.user_id, COALESCE(sum(u.slice_seconds), 0) / 3600.0 AS "hours!"
-         FROM usage u JOIN bookings b ON b.id = u.booking_id
-         WHERE b.tenant_id = $1 AND u.interval_start >= $2
+        r#"SELECT b.user_id, COALESCE(sum(r.slice_seconds), 0) / 3600.0 AS "hours!"
+         FROM usage_daily r JOIN bookings b ON b.id = r.booking_id
+         WHERE b.tenant_id = $1 AND r.day >= ($2::timestamptz AT TIME ZONE 'UTC')::date
          GROUP BY b.user_id"#,
         tenant_id,
         since

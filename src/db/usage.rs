@@ -88,6 +88,28 @@ pub async fn record(tx: &mut Transaction<'_, Postgres>, rows: &[UsageRow]) -> sq
     Ok(inserted)
 }
 
+/// Keeps the minute rows' monthly partitions: this month's and the next
+/// two made ahead, and those older than `keep_months` months (the current
+/// one counts) dropped whole; 0 keeps every month. The daily rollups stay.
+/// Returns how many partitions were dropped.
+pub async fn maintain(db: &PgPool, keep_months: i32) -> sqlx::Result<i32> {
+    sqlx::query_scalar!(
+        r#"SELECT gpuslice_usage_month(((now() AT TIME ZONE 'UTC') + make_interval(months => k))::date) AS "name!"
+         FROM generate_series(0, 2) k"#
+    )
+    .fetch_all(db)
+    .await?;
+    if keep_months <= 0 {
+        return Ok(0);
+    }
+    Ok(
+        sqlx::query_scalar!("SELECT gpuslice_usage_retain($1)", keep_months)
+            .fetch_one(db)
+            .await?
+            .unwrap_or(0),
+    )
+}
+
 /// A tariff as stored.
 #[derive(Debug, Clone)]
 pub struct Tariff {
@@ -171,12 +193,8 @@ pub fn day_rows<'a>(
     sqlx::query_as!(
         DayRow,
         r#"WITH days AS (
-               SELECT u.booking_id, (u.interval_start AT TIME ZONE 'UTC')::date AS day,
-                      sum(u.slice_seconds) AS slice_seconds, sum(u.gib_seconds) AS gib_seconds
-               FROM usage u
-               WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
-                 AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
-               GROUP BY u.booking_id, day
+               SELECT r.booking_id, r.day, r.slice_seconds, r.gib_seconds
+               FROM usage_daily r WHERE r.day BETWEEN $1::date AND $2::date
            )
            SELECT d.day AS "day!", t.slug AS tenant_slug, t.name AS tenant_name,
                   us.email AS user_email, b.id AS booking_id, b.kind,
@@ -228,12 +246,8 @@ pub async fn totals(
     sqlx::query_as!(
         Total,
         r#"WITH days AS (
-               SELECT u.booking_id, (u.interval_start AT TIME ZONE 'UTC')::date AS day,
-                      sum(u.slice_seconds) AS slice_seconds, sum(u.gib_seconds) AS gib_seconds
-               FROM usage u
-               WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
-                 AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
-               GROUP BY u.booking_id, day
+               SELECT r.booking_id, r.day, r.slice_seconds, r.gib_seconds
+               FROM usage_daily r WHERE r.day BETWEEN $1::date AND $2::date
            ), priced AS (
                SELECT b.tenant_id, COALESCE(b.model, '') AS model,
                       COALESCE(b.profile, b.memory_gib || ' GiB share') AS what, b.id AS booking_id,
@@ -272,13 +286,12 @@ pub async fn by_day(
     user_id: Option<i64>,
 ) -> sqlx::Result<Vec<(Date, String, String, f64)>> {
     let rows = sqlx::query!(
-        r#"SELECT (u.interval_start AT TIME ZONE 'UTC')::date AS "day!",
+        r#"SELECT r.day AS "day!",
                   COALESCE(b.model, '') AS "model!",
                   COALESCE(b.profile, b.memory_gib || ' GiB share') AS "what!",
-                  sum(u.slice_seconds) / 3600 AS "slice_hours!"
-           FROM usage u JOIN bookings b ON b.id = u.booking_id
-           WHERE u.interval_start >= ($1::date)::timestamp AT TIME ZONE 'UTC'
-             AND u.interval_start < (($2::date) + 1)::timestamp AT TIME ZONE 'UTC'
+                  sum(r.slice_seconds) / 3600 AS "slice_hours!"
+           FROM usage_daily r JOIN bookings b ON b.id = r.booking_id
+           WHERE r.day BETWEEN $1::date AND $2::date
              AND ($3::bigint IS NULL OR b.tenant_id = $3) AND ($4::bigint IS NULL OR b.user_id = $4)
            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"#,
         from,

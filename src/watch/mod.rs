@@ -31,6 +31,8 @@ pub struct Settings {
     /// How often the retention runs.
     pub prune_every: Duration,
     pub retention: db::telemetry::Retention,
+    /// Months of usage rows kept (0: all).
+    pub usage_retention_months: i32,
     /// Idle reclaim: a device under this utilisation (%) without processes
     /// is idle.
     pub idle_threshold_pct: f32,
@@ -44,6 +46,7 @@ impl Settings {
             every: Duration::from_secs(telemetry_interval_secs.max(1)),
             prune_every: Duration::from_secs(60),
             retention: db::telemetry::Retention::default(),
+            usage_retention_months: 13,
             idle_threshold_pct: 5.0,
             lower_idle_shares: false,
         }
@@ -82,6 +85,13 @@ pub async fn run(pool: PgPool, settings: Settings) {
                 Ok(n) if n > 0 => tracing::debug!(deleted = n, "telemetry retention"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "telemetry retention failed"),
+            }
+            match db::usage::maintain(&pool, settings.usage_retention_months).await {
+                Ok(n) if n > 0 => {
+                    tracing::info!(dropped = n, "usage retention: monthly partitions dropped")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "usage partitions failed"),
             }
         }
     }
