@@ -38,8 +38,9 @@ CREATE FUNCTION gpuslice_usage_month(m date) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     first date := date_trunc('month', m)::date;
     name text := format('usage_y%sm%s', to_char(first, 'YYYY'), to_char(first, 'MM'));
-    lo timestamptz := first::timestamp AT TIME ZONE 'UTC';
-    hi timestamptz := (first + interval '1 month')::timestamp AT TIME ZONE 'UTC';
+    -- Bounds spelled out in UTC, whatever the session's DateStyle or zone.
+    lo text := to_char(first, 'YYYY-MM-DD') || ' 00:00:00+00';
+    hi text := to_char((first + interval '1 month')::date, 'YYYY-MM-DD') || ' 00:00:00+00';
 BEGIN
     -- One maker at a time (every server and worker keeps partitions ahead).
     PERFORM pg_advisory_xact_lock(hashtext('gpuslice-usage-partitions'));
@@ -47,10 +48,17 @@ BEGIN
         RETURN name;
     END IF;
     EXECUTE format('CREATE TABLE %I (LIKE usage INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
+    -- The range as a constraint first, so that attaching skips its scan.
+    EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (interval_start >= %L AND interval_start < %L)',
+                   name, name || '_range', lo, hi);
+    -- No metering row may slip into the default partition between the move
+    -- and the attach (the attach would then refuse).
+    LOCK TABLE usage_default IN ACCESS EXCLUSIVE MODE;
     -- Already rolled up: moved without passing through the parent.
     EXECUTE format('WITH moved AS (DELETE FROM usage_default WHERE interval_start >= %L AND interval_start < %L RETURNING *)
                     INSERT INTO %I SELECT * FROM moved', lo, hi, name);
     EXECUTE format('ALTER TABLE usage ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', name, lo, hi);
+    EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', name, name || '_range');
     RETURN name;
 END $$;
 
@@ -62,6 +70,12 @@ DECLARE
     n int := 0;
     oldest date := (date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => keep - 1))::date;
 BEGIN
+    IF keep <= 0 THEN
+        RETURN 0;
+    END IF;
+    -- Dropping a partition locks the whole table: wait briefly, else try
+    -- again at the next round rather than stall metering.
+    SET LOCAL lock_timeout = '2s';
     PERFORM pg_advisory_xact_lock(hashtext('gpuslice-usage-partitions'));
     FOR r IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
              WHERE i.inhparent = 'usage'::regclass AND c.relname ~ '^usage_y[0-9]{4}m[0-9]{2}$'
@@ -79,6 +93,8 @@ BEGIN
     INSERT INTO usage_daily (booking_id, day, slice_seconds, gib_seconds)
     SELECT booking_id, (interval_start AT TIME ZONE 'UTC')::date, sum(slice_seconds), sum(gib_seconds)
     FROM new_rows GROUP BY 1, 2
+    -- One lock order for every metering transaction (no deadlock).
+    ORDER BY 1, 2
     ON CONFLICT (booking_id, day) DO UPDATE
         SET slice_seconds = usage_daily.slice_seconds + EXCLUDED.slice_seconds,
             gib_seconds = usage_daily.gib_seconds + EXCLUDED.gib_seconds;

@@ -91,12 +91,18 @@ pub struct Filter {
     pub owner: Option<i64>,
     pub booking_id: Option<i64>,
     pub id: Option<i64>,
-    /// Alerts after this one in the list's order (keyset pagination).
-    pub before: Option<i64>,
+    /// Alerts after this key in the list's order (open first, then newest):
+    /// (open, started at, id) of the previous page's last; `None`: the first
+    /// page.
+    pub after: Option<(bool, OffsetDateTime, i64)>,
     pub limit: i64,
 }
 
 pub async fn list(db: impl PgExecutor<'_>, f: &Filter) -> sqlx::Result<Vec<Alert>> {
+    // The first page: before every row.
+    let after = f
+        .after
+        .unwrap_or((true, time::macros::datetime!(9999-12-31 0:00 UTC), i64::MAX));
     let states: Option<Vec<String>> = f
         .states
         .as_ref()
@@ -117,12 +123,8 @@ pub async fn list(db: impl PgExecutor<'_>, f: &Filter) -> sqlx::Result<Vec<Alert
              AND ($6::bigint IS NULL OR b.user_id = $6)
              AND ($7::bigint IS NULL OR a.booking_id = $7)
              AND ($9::bigint IS NULL OR a.id = $9)
-             AND ($10::bigint IS NULL OR EXISTS (
-                   SELECT 1 FROM alerts c WHERE c.id = $10 AND (
-                     (a.state = 'resolved') > (c.state = 'resolved')
-                     OR ((a.state = 'resolved') = (c.state = 'resolved')
-                         AND (a.started_at, a.id) < (c.started_at, c.id)))))
-           ORDER BY (a.state = 'resolved'), a.started_at DESC, a.id DESC
+             AND ((a.state <> 'resolved'), a.started_at, a.id) < ($10, $11, $12)
+           ORDER BY (a.state <> 'resolved') DESC, a.started_at DESC, a.id DESC
            LIMIT $8"#,
         states.as_deref(),
         f.rule,
@@ -133,7 +135,9 @@ pub async fn list(db: impl PgExecutor<'_>, f: &Filter) -> sqlx::Result<Vec<Alert
         f.booking_id,
         f.limit,
         f.id,
-        f.before
+        after.0,
+        after.1,
+        after.2
     )
     .fetch_all(db)
     .await

@@ -67,23 +67,22 @@ pub async fn record(
 
 /// The newest entries, optionally only those whose action starts with
 /// `action_prefix`.
-/// The newest entries whose action starts with `action_prefix`, older than
-/// entry `before` when given (keyset pagination).
+/// The newest entries whose action starts with `action_prefix`, after
+/// `(at, id)` (the last entry of the previous page).
 pub async fn recent(
     db: impl PgExecutor<'_>,
     action_prefix: &str,
-    before: Option<i64>,
+    after: (OffsetDateTime, i64),
     limit: i64,
 ) -> sqlx::Result<Vec<Entry>> {
     sqlx::query_as!(
         Entry,
-        "SELECT a.id, a.at, a.actor_email, a.action, a.target, a.detail, a.client_addr
-         FROM audit_log a WHERE starts_with(a.action, $1)
-           AND ($2::bigint IS NULL
-                OR (a.at, a.id) < (SELECT b.at, b.id FROM audit_log b WHERE b.id = $2))
-         ORDER BY a.at DESC, a.id DESC LIMIT $3",
+        "SELECT id, at, actor_email, action, target, detail, client_addr
+         FROM audit_log WHERE starts_with(action, $1) AND (at, id) < ($2, $3)
+         ORDER BY at DESC, id DESC LIMIT $4",
         action_prefix,
-        before,
+        after.0,
+        after.1,
         limit
     )
     .fetch_all(db)

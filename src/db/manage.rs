@@ -139,16 +139,17 @@ pub async fn accept_invitations(
     Ok(rows.into_iter().map(|r| (r.slug, r.role)).collect())
 }
 
-/// Slice-hours each member of a tenant used from `since` on, by user id.
+/// Slice-hours each member of a tenant used from the UTC day `since` on,
+/// by user id.
 pub async fn member_usage(
     db: impl PgExecutor<'_>,
     tenant_id: i64,
-    since: OffsetDateTime,
+    since: time::Date,
 ) -> sqlx::Result<Vec<(i64, f64)>> {
     let rows = sqlx::query!(
         r#"SELECT b.user_id, COALESCE(sum(r.slice_seconds), 0) / 3600.0 AS "hours!"
          FROM usage_daily r JOIN bookings b ON b.id = r.booking_id
-         WHERE b.tenant_id = $1 AND r.day >= ($2::timestamptz AT TIME ZONE 'UTC')::date
+         WHERE b.tenant_id = $1 AND r.day >= $2
          GROUP BY b.user_id"#,
         tenant_id,
         since

@@ -64,7 +64,10 @@ impl AlertQuery {
             severity,
             rule: text(&self.rule),
             node: text(&self.node),
-            before: crate::web::bookings::cursor_of(Some(&self.before), "before")?,
+            after: {
+                let c = crate::web::cursor::Cursor::parse(Some(&self.before), "before")?;
+                (!c.is_first()).then_some((c.open, c.at, c.id))
+            },
             // One more than shown: whether an older page exists.
             limit: PAGE_ROWS + 1,
             ..Filter::default()
@@ -92,7 +95,7 @@ pub struct AlertsPage {
     rule_names: Vec<&'static str>,
     now: OffsetDateTime,
     csrf: String,
-    older: Option<i64>,
+    older: Option<String>,
 }
 
 #[derive(Template, WebTemplate)]
@@ -102,16 +105,21 @@ pub struct AlertsTable {
     csrf: String,
     now: OffsetDateTime,
     q: AlertQuery,
-    /// The last alert shown when more follow.
-    older: Option<i64>,
+    /// The cursor after the last alert shown, when more follow.
+    older: Option<String>,
 }
 
 /// Cuts a fetched page to its size; the cursor of the next page if any.
-fn cut(alerts: &mut Vec<Alert>) -> Option<i64> {
+fn cut(alerts: &mut Vec<Alert>) -> Option<String> {
     (alerts.len() as i64 > PAGE_ROWS).then(|| {
         alerts.truncate(PAGE_ROWS as usize);
-        alerts.last().map(|a| a.id).unwrap_or_default()
+        alerts.last().map(cursor_after).unwrap_or_default()
     })
+}
+
+/// The cursor after an alert, in the list's order (open first, newest).
+pub fn cursor_after(a: &Alert) -> String {
+    crate::web::cursor::Cursor::after(a.state != AlertState::Resolved, a.started_at, a.id).encode()
 }
 
 fn rows(rules: Vec<Rule>) -> Vec<RuleRow> {

@@ -16,6 +16,7 @@ use time::OffsetDateTime;
 use tower_sessions::Session;
 
 use super::auth::CurrentUser;
+use super::cursor::Cursor;
 use super::error::AppError;
 use super::forms::FieldErrors;
 use super::pages::{flash, PageCtx};
@@ -89,19 +90,6 @@ pub struct ListQuery {
     pub cursor: Option<String>,
     /// The API's page size.
     pub limit: Option<String>,
-}
-
-/// A page cursor: a booking id (or none).
-pub(crate) fn cursor_of(raw: Option<&str>, field: &str) -> Result<Option<i64>, AppError> {
-    match raw.map(str::trim).filter(|c| !c.is_empty()) {
-        None => Ok(None),
-        Some(c) => c
-            .parse::<i64>()
-            .ok()
-            .filter(|id| *id > 0)
-            .map(Some)
-            .ok_or_else(|| AppError::invalid(field, "a cursor is the id from a previous page")),
-    }
 }
 
 pub(crate) async fn scope_of(
@@ -393,11 +381,15 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Response, AppError> {
     let scope = scope_of(&state, &user, &q).await?;
-    let before = cursor_of(q.before.as_deref(), "before")?;
-    let mut bookings = db::bookings::page(&state.pool, scope, before, PAGE_LIMIT + 1).await?;
+    let before = Cursor::parse(q.before.as_deref(), "before")?;
+    let mut bookings =
+        db::bookings::page(&state.pool, scope, (before.at, before.id), PAGE_LIMIT + 1).await?;
     let older = (bookings.len() as i64 > PAGE_LIMIT).then(|| {
         bookings.truncate(PAGE_LIMIT as usize);
-        bookings.last().map(|b| b.id).unwrap_or_default()
+        bookings
+            .last()
+            .map(|b| Cursor::after(false, b.created_at, b.id).encode())
+            .unwrap_or_default()
     });
     let scope_name = match scope {
         Scope::User(_) => "mine",
@@ -410,12 +402,13 @@ pub async fn list(
         form_urlencoded::byte_serialize(tenant.as_bytes()).collect::<String>()
     );
     // The live refresh keeps the page it is on.
-    let poll_url = match before {
-        Some(b) => format!("{base}&before={b}"),
-        None => base.clone(),
+    let poll_url = if before.is_first() {
+        base.clone()
+    } else {
+        format!("{base}&before={}", before.encode())
     };
-    let older_url = older.map(|id| format!("{base}&before={id}"));
-    let newest_url = before.map(|_| base.clone());
+    let older_url = older.map(|c| format!("{base}&before={c}"));
+    let newest_url = (!before.is_first()).then(|| base.clone());
     let show_owner = scope_name != "mine";
     if is_htmx(&headers) {
         return Ok(RowsFragment {

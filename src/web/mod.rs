@@ -9,6 +9,7 @@ pub mod bookings;
 pub mod calendar;
 pub mod charts;
 pub mod csrf;
+pub mod cursor;
 pub mod error;
 pub mod fleet;
 pub mod forms;

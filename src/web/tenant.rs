@@ -158,7 +158,7 @@ async fn page(
     let month = month_start(now);
     let (members, invitations, requests, rightsizing) = if can_manage {
         let used: std::collections::HashMap<i64, f64> =
-            db::manage::member_usage(&state.pool, id, month)
+            db::manage::member_usage(&state.pool, id, month.date())
                 .await?
                 .into_iter()
                 .collect();

@@ -178,33 +178,53 @@ pub async fn list(
 }
 
 /// A page of bookings in `scope`, newest first (by creation, then id),
-/// older than the booking `before` when given: keyset pagination, each
-/// page one index range scan however deep.
+/// after `(at, id)` (the last row of the previous page): keyset
+/// pagination, one static query per scope so that every plan, generic ones
+/// included, is one index range scan however deep.
 pub async fn page(
     db: impl PgExecutor<'_> + Copy,
     scope: Scope,
-    before: Option<i64>,
+    after: (OffsetDateTime, i64),
     limit: i64,
 ) -> sqlx::Result<Vec<Booking>> {
-    let (user, tenant) = match scope {
-        Scope::User(u) => (Some(u), None),
-        Scope::Tenant(t) => (None, Some(t)),
-        Scope::All => (None, None),
+    let (at, id) = after;
+    let ids = match scope {
+        Scope::User(u) => {
+            sqlx::query_scalar!(
+                "SELECT id FROM bookings WHERE user_id = $1 AND (created_at, id) < ($2, $3)
+                 ORDER BY created_at DESC, id DESC LIMIT $4",
+                u,
+                at,
+                id,
+                limit
+            )
+            .fetch_all(db)
+            .await?
+        }
+        Scope::Tenant(t) => {
+            sqlx::query_scalar!(
+                "SELECT id FROM bookings WHERE tenant_id = $1 AND (created_at, id) < ($2, $3)
+                 ORDER BY created_at DESC, id DESC LIMIT $4",
+                t,
+                at,
+                id,
+                limit
+            )
+            .fetch_all(db)
+            .await?
+        }
+        Scope::All => {
+            sqlx::query_scalar!(
+                "SELECT id FROM bookings WHERE (created_at, id) < ($1, $2)
+                 ORDER BY created_at DESC, id DESC LIMIT $3",
+                at,
+                id,
+                limit
+            )
+            .fetch_all(db)
+            .await?
+        }
     };
-    let ids = sqlx::query_scalar!(
-        "SELECT b.id FROM bookings b
-         WHERE ($1::bigint IS NULL OR b.user_id = $1) AND ($2::bigint IS NULL OR b.tenant_id = $2)
-           AND ($3::bigint IS NULL
-                OR (b.created_at, b.id) < (SELECT c.created_at, c.id FROM bookings c WHERE c.id = $3))
-         ORDER BY b.created_at DESC, b.id DESC
-         LIMIT $4",
-        user,
-        tenant,
-        before,
-        limit
-    )
-    .fetch_all(db)
-    .await?;
     get_many(db, &ids).await
 }
 

@@ -70,18 +70,25 @@ pub async fn audit(
         .find(|(k, _)| *k == q.action)
         .map(|(k, _)| k.to_string())
         .unwrap_or_default();
-    let before = crate::web::bookings::cursor_of(Some(&q.before), "before")?;
-    let mut entries = db::audit::recent(&state.pool, &filter, before, AUDIT_LIMIT + 1).await?;
+    let before = crate::web::cursor::Cursor::parse(Some(&q.before), "before")?;
+    let mut entries = db::audit::recent(
+        &state.pool,
+        &filter,
+        (before.at, before.id),
+        AUDIT_LIMIT + 1,
+    )
+    .await?;
     let base = format!(
         "/admin/audit?action={}",
         form_urlencoded::byte_serialize(filter.as_bytes()).collect::<String>()
     );
     let older_url = (entries.len() as i64 > AUDIT_LIMIT).then(|| {
         entries.truncate(AUDIT_LIMIT as usize);
-        format!(
-            "{base}&before={}",
-            entries.last().map(|e| e.id).unwrap_or_default()
-        )
+        let last = entries
+            .last()
+            .map(|e| crate::web::cursor::Cursor::after(false, e.at, e.id).encode())
+            .unwrap_or_default();
+        format!("{base}&before={last}")
     });
     Ok(AuditPage {
         ctx: PageCtx::new(&session, Some(&user)).await?,
@@ -89,7 +96,7 @@ pub async fn audit(
         filter,
         filters,
         older_url,
-        newest_url: before.map(|_| base),
+        newest_url: (!before.is_first()).then_some(base),
     })
 }
 

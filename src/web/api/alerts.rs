@@ -52,14 +52,19 @@ pub async fn alerts(
     let filter = db::alerts::Filter {
         states,
         owner: (!user.is_admin()).then_some(user.user.id),
-        before: crate::web::bookings::cursor_of(q.cursor.as_deref(), "cursor")?,
+        after: {
+            let c = crate::web::cursor::Cursor::parse(q.cursor.as_deref(), "cursor")?;
+            (!c.is_first()).then_some((c.open, c.at, c.id))
+        },
         limit: MAX_ALERTS + 1,
         ..Default::default()
     };
     let mut list = db::alerts::list(&state.pool, &filter).await?;
     let next = (list.len() as i64 > MAX_ALERTS).then(|| {
         list.truncate(MAX_ALERTS as usize);
-        list.last().map(|a| a.id).unwrap_or_default()
+        list.last()
+            .map(crate::web::alerts::cursor_after)
+            .unwrap_or_default()
     });
     let body: Vec<AlertView> = list.into_iter().map(AlertView::from).collect();
     let mut resp = axum::response::IntoResponse::into_response(Json(body));

@@ -58,7 +58,7 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<BookingList>, AppError> {
     let scope = scope_of(&state, &user, &q).await?;
-    let cursor = crate::web::bookings::cursor_of(q.cursor.as_deref(), "cursor")?;
+    let cursor = crate::web::cursor::Cursor::parse(q.cursor.as_deref(), "cursor")?;
     let limit = match q.limit.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
         None => LIST_LIMIT,
         Some(l) => l
@@ -67,10 +67,13 @@ pub async fn list(
             .filter(|n| (1..=MAX_LIMIT).contains(n))
             .ok_or_else(|| AppError::invalid("limit", "a page holds 1 to 500 bookings"))?,
     };
-    let mut list = db::bookings::page(&state.pool, scope, cursor, limit + 1).await?;
+    let mut list =
+        db::bookings::page(&state.pool, scope, (cursor.at, cursor.id), limit + 1).await?;
     let next_cursor = (list.len() as i64 > limit).then(|| {
         list.truncate(limit as usize);
-        list.last().map(|b| b.id.to_string()).unwrap_or_default()
+        list.last()
+            .map(|b| crate::web::cursor::Cursor::after(false, b.created_at, b.id).encode())
+            .unwrap_or_default()
     });
     Ok(Json(BookingList {
         bookings: list.iter().map(BookingView::from).collect(),

@@ -178,7 +178,9 @@ fn tightened(doc: OpenApi) -> Value {
                             json!({"type": "string", "enum": ["firing", "resolved", "all"]})
                         }
                         "id" => json!({"type": "integer", "format": "int64", "minimum": 1}),
-                        "cursor" => json!({"type": "string", "pattern": "^([1-9][0-9]{0,17})?$"}),
+                        "cursor" => {
+                            json!({"type": "string", "pattern": "^([01]\\.[0-9]{1,18}\\.[1-9][0-9]{0,17})?$"})
+                        }
                         "limit" => {
                             json!({"type": "string", "pattern": "^([1-9]|[1-9][0-9]|[1-4][0-9]{2}|500)?$"})
                         }
