@@ -442,6 +442,7 @@ pub fn standin_copy() -> std::path::PathBuf {
     static LIB: OnceLock<std::path::PathBuf> = OnceLock::new();
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let lib = LIB.get_or_init(|| {
+        remove_stale_copies();
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let status = std::process::Command::new(env!("CARGO"))
             .args(["build", "--quiet", "-p", "nvml-standin"])
@@ -458,6 +459,30 @@ pub fn standin_copy() -> std::path::PathBuf {
     ));
     std::fs::copy(lib, &copy).unwrap();
     copy
+}
+
+/// Removes the stand-in copies of test processes that have ended (each is
+/// tens of MB, and a test binary makes dozens; a copy must outlive its
+/// test's workers, so it cannot go when the test does).
+fn remove_stale_copies() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("gpuslice-libnvidia-ml-"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Polls `f` every 100 ms until it holds; panics naming `what` after 30 s.
