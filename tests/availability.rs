@@ -224,45 +224,24 @@ async fn bad_questions_are_refused_with_a_message_per_field() {
 async fn the_booking_form_shows_the_timeline() {
     let (app, _) = setup().await;
     let web = app.signed_in("ana@uni.edu").await;
-    let form = web
-        .get(app.url("/bookings/new"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let form = app.text(&web, "/bookings/new").await;
     assert!(form.contains(r#"hx-get="/bookings/timeline""#), "{form}");
-    let fragment = web
-        .get(app.url(
+    let fragment = app
+        .text(
+            &web,
             "/bookings/timeline?kind=mig&model=&profile=1g.10gb&memory_gib=&tz_offset_minutes=-60",
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        )
+        .await;
     assert!(fragment.contains("<svg class=\"timeline\""), "{fragment}");
     assert!(fragment.contains("data-fill-start=\""), "{fragment}");
     assert!(fragment.contains("a1 #0 H100-80GB"), "{fragment}");
-    let share = web
-        .get(app.url("/bookings/timeline?kind=timeslice&memory_gib="))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let share = app
+        .text(&web, "/bookings/timeline?kind=timeslice&memory_gib=")
+        .await;
     assert!(share.contains("Enter the share"), "{share}");
-    let bad = web
-        .get(app.url("/bookings/timeline?kind=timeslice&memory_gib=5000"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let bad = app
+        .text(&web, "/bookings/timeline?kind=timeslice&memory_gib=5000")
+        .await;
     assert!(
         bad.contains("No timeline: a share") && bad.contains("from 1 to 1024"),
         "{bad}"

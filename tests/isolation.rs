@@ -163,12 +163,14 @@ fn check(
         _ => apply_v2(&child, &nd.policy(&[mine.clone(), other.clone()].concat())).unwrap(),
     }
     let in_child = opens_in_dir(&child, &paths(&other));
+    assert_eq!(in_child.len(), other.len(), "{in_child:?}");
     assert!(
         in_child.iter().all(|r| denied(r)),
         "{}: {in_child:?}",
         mechanism.as_str()
     );
     let own_in_child = opens_in_dir(&child, &paths(&mine));
+    assert_eq!(own_in_child.len(), mine.len(), "{own_in_child:?}");
     assert!(
         own_in_child
             .iter()
@@ -365,12 +367,11 @@ async fn exec_confines_a_booking_to_its_own_device_files() {
     assert!(exists, "no cgroup {} on this node", c.cgroup_parent);
     assert!(html.contains("--cgroup-parent="), "{html}");
     assert!(html.contains("apptainer exec --nv"), "{html}");
-    if Command::new("apptainer").arg("--version").output().is_err() {
-        common::skipped(
-            "Apptainer inside a booking",
-            "apptainer is not installed (Debian 12 does not package it); `gpuslice exec ID -- apptainer exec --nv` is documented in docs/operations.md",
-        );
-    }
+    // Only the line is checked: no test runs Apptainer.
+    common::skipped(
+        "Apptainer inside a booking",
+        "no test runs apptainer (Debian 12 does not package it); only the booking page's `gpuslice exec ID -- apptainer exec --nv` line is checked",
+    );
 }
 
 /// The pid-reuse race: a child connects to the socket and exits; its

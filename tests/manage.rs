@@ -53,16 +53,11 @@ async fn a_manager_adds_changes_and_removes_members_but_keeps_a_manager() {
     let pi = app.signed_in("pi@uni.edu").await;
     let page = "/tenants/lab";
     // The member list with this month's use.
-    let body = pi
-        .get(app.url(page))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = app.text(&pi, page).await;
     assert!(
-        body.contains("ana@uni.edu") && body.contains("Slice-hours this month"),
+        body.contains("ana@uni.edu")
+            && body.contains("Slice-hours this month")
+            && body.contains("Add someone"),
         "{body}"
     );
 
@@ -87,6 +82,7 @@ async fn a_manager_adds_changes_and_removes_members_but_keeps_a_manager() {
     assert_eq!(told, 1);
 
     // Bad input: the page again with a message, nothing changed.
+    let memberships: i64 = app.one("SELECT count(*) FROM memberships").await;
     let r = app
         .post_form(
             &pi,
@@ -98,6 +94,8 @@ async fn a_manager_adds_changes_and_removes_members_but_keeps_a_manager() {
     assert_eq!(r.status(), 422);
     let body = r.text().await.unwrap();
     assert!(body.contains("field-error"), "{body}");
+    let after: i64 = app.one("SELECT count(*) FROM memberships").await;
+    assert_eq!(after, memberships);
 
     // Roles change both ways.
     let bob = user_id(&app, "bob@uni.edu").await;
@@ -147,14 +145,7 @@ async fn a_manager_adds_changes_and_removes_members_but_keeps_a_manager() {
 
     // A member may look but not act; an outsider learns nothing.
     let ana = app.signed_in("ana@uni.edu").await;
-    let body = ana
-        .get(app.url(page))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = app.text(&ana, page).await;
     assert!(
         !body.contains("Add someone"),
         "members do not get the forms"
@@ -211,14 +202,7 @@ async fn an_invitation_makes_the_account_once() {
     assert_eq!(r.status(), 303);
     assert_eq!(audited(&app, "invitation.sent").await, 1);
     let link = link_for(&app, "new@uni.edu").await;
-    let page = pi
-        .get(app.url("/tenants/lab"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = app.text(&pi, "/tenants/lab").await;
     assert!(page.contains("Open invitations") && page.contains("new@uni.edu"));
 
     let guest = app.client();
@@ -427,14 +411,7 @@ async fn allocation_requests_are_approved_amended_or_declined_by_admins() {
     assert_eq!(r.status(), 403, "managers do not decide");
 
     let root = app.signed_in("root@uni.edu").await;
-    let queue = root
-        .get(app.url("/admin/requests"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let queue = app.text(&root, "/admin/requests").await;
     assert!(
         queue.contains("CV course, 40 students") && queue.contains("1 waiting"),
         "{queue}"
@@ -528,6 +505,21 @@ async fn allocation_requests_are_approved_amended_or_declined_by_admins() {
     )
     .await;
     let id: i64 = app.one("SELECT max(id) FROM allocation_requests").await;
+    // Another tenant's manager cannot touch it: it stays pending.
+    let bob = app.signed_in("bob@uni.edu").await;
+    let r = app
+        .post_form(
+            &bob,
+            "/",
+            &format!("/tenants/lab/requests/{id}/withdraw"),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    let state: String = app
+        .one("SELECT state FROM allocation_requests ORDER BY id DESC LIMIT 1")
+        .await;
+    assert_eq!(state, "pending");
     let r = app
         .post_form(
             &pi,
@@ -541,15 +533,4 @@ async fn allocation_requests_are_approved_amended_or_declined_by_admins() {
         .one("SELECT state FROM allocation_requests ORDER BY id DESC LIMIT 1")
         .await;
     assert_eq!(state, "withdrawn");
-    // Another tenant's manager cannot touch it.
-    let bob = app.signed_in("bob@uni.edu").await;
-    let r = app
-        .post_form(
-            &bob,
-            "/",
-            &format!("/tenants/lab/requests/{id}/withdraw"),
-            &[],
-        )
-        .await;
-    assert_eq!(r.status(), 404);
 }

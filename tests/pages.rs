@@ -113,14 +113,7 @@ async fn walk(app: &TestApp, client: &reqwest::Client, first: &str) -> Vec<Strin
     let mut url = first.to_string();
     let mut pages = Vec::new();
     loop {
-        let html = client
-            .get(app.url(&url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let html = app.text(client, &url).await;
         let next = html.find("id=\"older\"").map(|i| {
             let href = html[..i].rfind("href=\"").unwrap();
             html[href + 6..i]

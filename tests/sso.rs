@@ -266,10 +266,21 @@ async fn oidc_signs_in_just_in_time_and_keeps_groups_in_step() {
         roles(&app, "ana@uni.edu").await,
         ("none".into(), vec![t("other", "member", "manual")])
     );
-    let changes: i64 = app
-        .one("SELECT count(*) FROM audit_log WHERE action LIKE 'sso.%'")
-        .await;
-    assert!(changes >= 4, "{changes}");
+    // Each change audited: member, then manager and admin, then both taken back.
+    let changes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT action, count(*) FROM audit_log WHERE action LIKE 'sso.%' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        changes,
+        vec![
+            ("sso.membership".into(), 2),
+            ("sso.membership.removed".into(), 1),
+            ("sso.role".into(), 2)
+        ]
+    );
 }
 
 #[tokio::test]

@@ -501,12 +501,7 @@ pub async fn login(
                 },
             )
             .await?;
-            let mut resp = Redirect::to(&next).into_response();
-            resp.headers_mut().append(
-                header::SET_COOKIE,
-                super::csrf::clear_pre_cookie(state.settings.secure_cookies),
-            );
-            return Ok(resp);
+            return Ok(after_sign_in(&state, &next));
         }
     }
     let Some(creds) = ok_user else {
@@ -553,12 +548,7 @@ pub async fn login(
         },
     )
     .await?;
-    let mut resp = Redirect::to(&next).into_response();
-    resp.headers_mut().append(
-        header::SET_COOKIE,
-        super::csrf::clear_pre_cookie(state.settings.secure_cookies),
-    );
-    Ok(resp)
+    Ok(after_sign_in(&state, &next))
 }
 
 /// The sign-in page again with `why` (single sign-on refusals).
@@ -581,6 +571,38 @@ pub async fn login_error(
         resp.headers_mut().append(header::SET_COOKIE, c);
     }
     Ok(resp)
+}
+
+/// Turns the open invitations of `email` (the account's own address) into
+/// memberships of `user_id`, each audited.
+pub async fn accept_invitations(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    actor: &Actor,
+    user_id: i64,
+    email: &str,
+) -> Result<(), AppError> {
+    for (tenant, role) in db::manage::accept_invitations(tx, user_id, email).await? {
+        db::audit::record(
+            &mut **tx,
+            actor,
+            "invitation.accepted",
+            email,
+            serde_json::json!({"tenant": tenant, "role": role}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The answer to a successful sign-in: to `next`, the pre-session CSRF
+/// cookie cleared.
+pub fn after_sign_in(state: &AppState, next: &str) -> Response {
+    let mut resp = Redirect::to(next).into_response();
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        super::csrf::clear_pre_cookie(state.settings.secure_cookies),
+    );
+    resp
 }
 
 /// Who just proved who they are, and how.
@@ -620,21 +642,9 @@ pub async fn begin_session(
     db::users::record_login(&state.pool, who.user_id, true).await?;
     let mut tx = state.pool.begin().await?;
     // By the account's own address, never the one a provider sent.
-    let joined = if who.accept_invitations {
+    if who.accept_invitations {
         let stored = db::users::get(&mut *tx, who.user_id).await?.email;
-        db::manage::accept_invitations(&mut tx, who.user_id, &stored).await?
-    } else {
-        Vec::new()
-    };
-    for (tenant, role) in &joined {
-        db::audit::record(
-            &mut *tx,
-            who.actor,
-            "invitation.accepted",
-            who.email,
-            serde_json::json!({"tenant": tenant, "role": role}),
-        )
-        .await?;
+        accept_invitations(&mut tx, who.actor, who.user_id, &stored).await?;
     }
     db::audit::record(
         &mut *tx,

@@ -171,18 +171,7 @@ pub async fn accept(
             )));
         }
         let mut tx = state.pool.begin().await?;
-        for (tenant, role) in
-            db::manage::accept_invitations(&mut tx, u.user.id, &u.user.email).await?
-        {
-            db::audit::record(
-                &mut *tx,
-                &u.actor(),
-                "invitation.accepted",
-                &u.user.email,
-                json!({"tenant": tenant, "role": role}),
-            )
-            .await?;
-        }
+        super::auth::accept_invitations(&mut tx, &u.actor(), u.user.id, &u.user.email).await?;
         tx.commit().await?;
         super::pages::flash(
             &session,
@@ -282,12 +271,7 @@ pub async fn accept(
         ),
     )
     .await?;
-    let mut resp = Redirect::to(&target).into_response();
-    resp.headers_mut().append(
-        header::SET_COOKIE,
-        super::csrf::clear_pre_cookie(state.settings.secure_cookies),
-    );
-    Ok(resp)
+    Ok(super::auth::after_sign_in(&state, &target))
 }
 
 pub fn routes() -> Router<AppState> {

@@ -336,7 +336,8 @@ pub async fn add_member(
                 return Ok(to_page(&slug));
             }
             if before.is_some() && role == TenantRole::Member {
-                if let Some(refusal) = last_manager(&mut tx, &user, &tenant, member_id).await? {
+                let members = locked_members(&mut tx, tenant.id).await?;
+                if let Some(refusal) = last_manager(&user, &members, member_id) {
                     drop(tx);
                     errors.add("role", refusal);
                     return back_with_errors(&state, &session, &user, tenant, errors, form, None)
@@ -436,29 +437,44 @@ pub async fn add_member(
     Ok(to_page(&slug))
 }
 
-/// Refuses to leave a tenant without a manager when a manager (not an
-/// admin) removes or demotes `member_id`, the last one. Locks the tenant
-/// row so two managers cannot demote each other at once.
-async fn last_manager(
+/// The tenant's members, its row locked first: two managers changing
+/// roles at once see each other's change (the last-manager rule holds).
+async fn locked_members(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant_id: i64,
+) -> Result<Vec<db::tenants::Member>, AppError> {
+    db::tenants::get_for_update(tx, tenant_id).await?;
+    Ok(db::tenants::members(&mut **tx, tenant_id).await?)
+}
+
+/// Refuses to leave a tenant without a manager when a manager (not an
+/// admin) removes or demotes `member_id`, the last one.
+fn last_manager(
     user: &CurrentUser,
-    tenant: &Tenant,
+    members: &[db::tenants::Member],
     member_id: i64,
-) -> Result<Option<String>, AppError> {
-    if user.is_admin() {
-        return Ok(None);
-    }
-    db::tenants::get_for_update(tx, tenant.id).await?;
-    let managers: Vec<i64> = db::tenants::members(&mut **tx, tenant.id)
-        .await?
-        .into_iter()
-        .filter(|m| m.role == TenantRole::Manager.as_str())
-        .map(|m| m.user_id)
-        .collect();
-    Ok((managers == [member_id]).then(|| {
+) -> Option<String> {
+    let mut managers = members
+        .iter()
+        .filter(|m| m.role == TenantRole::Manager.as_str());
+    let only =
+        managers.next().filter(|m| m.user_id == member_id).is_some() && managers.next().is_none();
+    (only && !user.is_admin()).then(|| {
         "a tenant keeps at least one manager: make someone else manager first (or ask a platform admin)"
             .to_string()
-    }))
+    })
+}
+
+/// A member of the tenant (404 when not one) among `members`.
+fn member_of(
+    members: &[db::tenants::Member],
+    member_id: i64,
+) -> Result<db::tenants::Member, AppError> {
+    members
+        .iter()
+        .find(|m| m.user_id == member_id)
+        .cloned()
+        .ok_or(AppError::NotFound)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -483,13 +499,10 @@ pub async fn set_role(
         }
     };
     let mut tx = state.pool.begin().await?;
-    let member = db::tenants::members(&mut *tx, tenant.id)
-        .await?
-        .into_iter()
-        .find(|m| m.user_id == member_id)
-        .ok_or(AppError::NotFound)?;
+    let members = locked_members(&mut tx, tenant.id).await?;
+    let member = member_of(&members, member_id)?;
     if role == TenantRole::Member {
-        if let Some(refusal) = last_manager(&mut tx, &user, &tenant, member_id).await? {
+        if let Some(refusal) = last_manager(&user, &members, member_id) {
             drop(tx);
             return back_with_row_error(&state, &session, &user, tenant, member_id, refusal).await;
         }
@@ -527,12 +540,9 @@ pub async fn remove_member(
 ) -> Result<Response, AppError> {
     let tenant = managed(&state, &user, &slug).await?;
     let mut tx = state.pool.begin().await?;
-    let member = db::tenants::members(&mut *tx, tenant.id)
-        .await?
-        .into_iter()
-        .find(|m| m.user_id == member_id)
-        .ok_or(AppError::NotFound)?;
-    if let Some(refusal) = last_manager(&mut tx, &user, &tenant, member_id).await? {
+    let members = locked_members(&mut tx, tenant.id).await?;
+    let member = member_of(&members, member_id)?;
+    if let Some(refusal) = last_manager(&user, &members, member_id) {
         drop(tx);
         return back_with_row_error(&state, &session, &user, tenant, member_id, refusal).await;
     }

@@ -413,6 +413,18 @@ impl TestApp {
         c
     }
 
+    /// The body of `path` as `client` gets it.
+    pub async fn text(&self, client: &Client, path: &str) -> String {
+        client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// POSTs a form with the client's CSRF token (taken from `page`).
     pub async fn post_form(
         &self,

@@ -107,6 +107,19 @@ impl Ldap {
         Ok(ldap)
     }
 
+    /// Binds as the service account, when there is one (else the
+    /// connection stays anonymous).
+    async fn bind_service(&self, ldap: &mut ldap3::Ldap) -> Result<(), AppError> {
+        if let (Some(dn), Some(pw)) = (&self.settings.bind_dn, &self.settings.bind_password) {
+            ldap.with_timeout(TIMEOUT)
+                .simple_bind(dn, pw)
+                .await
+                .and_then(|r| r.success())
+                .map_err(unreachable_dir)?;
+        }
+        Ok(())
+    }
+
     /// The person `login` names if `password` is theirs, with their
     /// groups; `None` when the name or the password is wrong.
     pub async fn authenticate(
@@ -122,13 +135,7 @@ impl Ldap {
         let s = &self.settings;
         // `with_timeout` covers the next operation only: one per operation.
         let mut ldap = self.connect().await?;
-        if let (Some(dn), Some(pw)) = (&s.bind_dn, &s.bind_password) {
-            ldap.with_timeout(TIMEOUT)
-                .simple_bind(dn, pw)
-                .await
-                .and_then(|r| r.success())
-                .map_err(unreachable_dir)?;
-        }
+        self.bind_service(&mut ldap).await?;
         let filter = s.user_filter.replace("{login}", &ldap_escape(login));
         let attrs = vec![
             s.email_attr.as_str(),
@@ -162,13 +169,7 @@ impl Ldap {
         let mut groups = Vec::new();
         if let Some(base) = &s.group_base {
             // Read groups as the service account (people often may not).
-            if let (Some(dn), Some(pw)) = (&s.bind_dn, &s.bind_password) {
-                ldap.with_timeout(TIMEOUT)
-                    .simple_bind(dn, pw)
-                    .await
-                    .and_then(|r| r.success())
-                    .map_err(unreachable_dir)?;
-            }
+            self.bind_service(&mut ldap).await?;
             let filter = s
                 .group_filter
                 .replace("{dn}", &ldap_escape(entry.dn.as_str()))

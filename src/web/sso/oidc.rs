@@ -51,6 +51,17 @@ pub struct OidcSettings {
     pub trust_email: bool,
 }
 
+/// The client as discovery makes it (authorization and token endpoints
+/// set, user info maybe).
+type Client = CoreClient<
+    openidconnect::EndpointSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointNotSet,
+    openidconnect::EndpointMaybeSet,
+    openidconnect::EndpointMaybeSet,
+>;
+
 /// A configured provider with its cached metadata.
 pub struct Oidc {
     pub settings: OidcSettings,
@@ -137,6 +148,19 @@ impl Oidc {
         Ok(m)
     }
 
+    /// The client for one sign-in, sending the browser back to `redirect`.
+    fn client(&self, metadata: CoreProviderMetadata, redirect: &str) -> Result<Client, AppError> {
+        Ok(CoreClient::from_provider_metadata(
+            metadata,
+            ClientId::new(self.settings.client_id.clone()),
+            self.settings.client_secret.clone().map(ClientSecret::new),
+        )
+        .set_redirect_uri(
+            RedirectUrl::new(redirect.to_string())
+                .map_err(|e| AppError::Internal(anyhow::anyhow!("redirect URL: {e}")))?,
+        ))
+    }
+
     async fn forget_metadata(&self) {
         *self.metadata.lock().await = None;
     }
@@ -173,15 +197,7 @@ pub async fn start(
     }
     let metadata = oidc.metadata().await?;
     let redirect = oidc.redirect_url(&state, &headers);
-    let client = CoreClient::from_provider_metadata(
-        metadata,
-        ClientId::new(oidc.settings.client_id.clone()),
-        oidc.settings.client_secret.clone().map(ClientSecret::new),
-    )
-    .set_redirect_uri(
-        RedirectUrl::new(redirect.clone())
-            .map_err(|e| AppError::Internal(anyhow::anyhow!("redirect URL: {e}")))?,
-    );
+    let client = oidc.client(metadata, &redirect)?;
     let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
     let mut request = client
         .authorize_url(
@@ -307,15 +323,7 @@ pub async fn callback(
         );
     };
     let metadata = oidc.metadata().await?;
-    let client = CoreClient::from_provider_metadata(
-        metadata,
-        ClientId::new(oidc.settings.client_id.clone()),
-        oidc.settings.client_secret.clone().map(ClientSecret::new),
-    )
-    .set_redirect_uri(
-        RedirectUrl::new(flow.redirect.clone())
-            .map_err(|e| AppError::Internal(anyhow::anyhow!("redirect URL: {e}")))?,
-    );
+    let client = oidc.client(metadata, &flow.redirect)?;
     let exchanged = match client.exchange_code(AuthorizationCode::new(code)) {
         Ok(req) => {
             req.set_pkce_verifier(PkceCodeVerifier::new(flow.verifier.clone()))
