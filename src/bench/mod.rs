@@ -1,6 +1,7 @@
 //! Benchmarks that run from the command line (`gpuslice bench ...`).
 
 pub mod cluster;
+pub mod history;
 pub mod latency;
 pub mod mig;
 pub mod replay;

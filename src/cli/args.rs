@@ -384,6 +384,21 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         interval_secs: u64,
     },
+    /// Fills the database DATABASE_URL (or the data directory's embedded
+    /// cluster) points at with about N usage rows of realistic ended
+    /// bookings over the M months ending now, rollups exact (for the
+    /// history benchmarks in BENCHMARKS.md). Adds to what is there.
+    History {
+        /// Usage rows to make (one per booking-minute).
+        #[arg(long)]
+        rows: u64,
+        /// Months of history, ending now.
+        #[arg(long, default_value_t = 12)]
+        months: u32,
+        /// Seed of the bookings' sizes, lengths and times.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
     /// Time-slice scheduler: tick cost with 1,000 shares; as root, the
     /// achieved 4:2:1 ratio of real busy processes and the switch latency.
     Scheduler {

@@ -24,7 +24,9 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             json,
         } => return bench_latency(*gpus, *bookings, *decisions, *json),
         BenchCommand::Scheduler { secs } => return crate::bench::scheduler::run(*secs),
-        BenchCommand::Telemetry { .. } => bail!("gpuslice bench telemetry needs a database"),
+        BenchCommand::Telemetry { .. } | BenchCommand::History { .. } => {
+            bail!("this benchmark needs a database")
+        }
         BenchCommand::Replay {
             nodes,
             pods,

@@ -131,6 +131,28 @@ pub async fn run(cli: Cli) -> Result<()> {
             let closed = database.close().await;
             return result.and(closed);
         }
+        Command::Bench(BenchCommand::History { rows, months, seed }) => {
+            let database = Database::open(cli.database_url.as_deref(), &cli.data_dir).await?;
+            let result = async {
+                let pool = database.pool().await?;
+                db::migrate(&pool).await?;
+                let made = crate::bench::history::run(&pool, *rows, *months, *seed).await?;
+                println!(
+                    "made {} usage rows of {} ended bookings ({} tenants, {} months ending now) in {:.1} s ({:.0} rows/s); daily rollup rows in the database: {}",
+                    made.usage_rows,
+                    made.bookings,
+                    made.tenants,
+                    made.months,
+                    made.secs,
+                    made.usage_rows as f64 / made.secs.max(1e-9),
+                    made.rollup_rows
+                );
+                anyhow::Ok(())
+            }
+            .await;
+            let closed = database.close().await;
+            return result.and(closed);
+        }
         Command::Bench(b) => return bench(b),
         Command::Sim { cmd, gpu } => {
             println!("{}", sim::sim(cmd, gpu, &cli.data_dir)?);
