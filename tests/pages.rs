@@ -1,7 +1,8 @@
 //! Long lists come in pages by keyset (issue 18): the booking list and the
 //! API's `GET /bookings` (`cursor`, `limit`, `next_cursor`) and the audit
 //! log walk every row exactly once, newest first, however many rows share
-//! a creation time; each page's query can be served by an index.
+//! a creation time; so does the usage page's drill-down by booking-day;
+//! each page's query can be served by an index.
 
 mod common;
 
@@ -237,6 +238,14 @@ async fn every_page_query_has_an_index() {
             format!("'', {first}, 201"),
         ),
         (
+            "date, date, bigint, bigint, date, bigint, bigint",
+            "SELECT d.day, b.id FROM usage_daily d JOIN bookings b ON b.id = d.booking_id
+             WHERE d.day BETWEEN $1 AND $2 AND (d.day, d.booking_id) < ($5, $6)
+               AND ($3::bigint IS NULL OR b.tenant_id = $3) AND ($4::bigint IS NULL OR b.user_id = $4)
+             ORDER BY d.day DESC, d.booking_id DESC LIMIT $7",
+            "'2026-01-01', '2026-12-31', NULL, 1, '2027-01-01', 9223372036854775807, 101".to_string(),
+        ),
+        (
             "boolean, timestamptz, bigint, bigint",
             "SELECT id FROM alerts a WHERE ((a.state <> 'resolved'), a.started_at, a.id) < ($1, $2, $3) ORDER BY (a.state <> 'resolved') DESC, a.started_at DESC, a.id DESC LIMIT $4",
             format!("true, {first}, 201"),
@@ -315,4 +324,56 @@ async fn alerts_come_in_pages_open_first() {
     }
     let pages = pages.len();
     assert_eq!((seen.len(), pages), (1100, 6));
+}
+
+/// The (day, booking) rows of the usage page's drill-down in `html`.
+fn day_rows(html: &str) -> Vec<(String, i64)> {
+    html.match_indices("<tr><td>")
+        .filter_map(|(i, m)| {
+            let rest = &html[i + m.len()..];
+            let day = rest.get(..10)?.to_string();
+            let rest = rest
+                .get(10..)?
+                .strip_prefix("</td><td class=\"num\" data-value=\"")?;
+            Some((day, rest[..rest.find('"')?].parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_usage_drill_down_comes_in_pages_newest_first() {
+    let (app, _) = setup().await;
+    bookings(&app, 30, 0).await;
+    // Eight days of November each: 240 booking-days, through the rollup.
+    sqlx::query(
+        "INSERT INTO usage (booking_id, interval_start, interval_end, slice_seconds, gib_seconds)
+         SELECT b.id, timestamptz '2026-11-01 10:00+00' + d * interval '1 day',
+                timestamptz '2026-11-01 10:01+00' + d * interval '1 day', 60, 600
+         FROM bookings b, generate_series(0, 7) d",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let ana = app.signed_in("ana@uni.edu").await;
+    let pages = walk(&app, &ana, "/usage?from=2026-11-01&to=2026-11-30").await;
+    let rows: Vec<(String, i64)> = pages.iter().flat_map(|p| day_rows(p)).collect();
+    assert_eq!(pages.len(), 3, "100 + 100 + 40");
+    assert_eq!(day_rows(&pages[0]).len(), 100);
+    assert_eq!(rows.len(), 240);
+    assert_eq!(
+        rows.iter().collect::<HashSet<_>>().len(),
+        240,
+        "every booking-day exactly once"
+    );
+    let mut sorted = rows.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(rows, sorted, "newest day first, then the newest booking");
+    assert!(pages[1].contains("← Newest"));
+    // A malformed cursor is a clear 4xx, not a page.
+    let r = ana
+        .get(app.url("/usage?from=2026-11-01&to=2026-11-30&before=nonsense"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
 }

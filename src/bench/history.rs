@@ -75,7 +75,9 @@ pub async fn run(pool: &PgPool, rows: u64, months: u32, seed: u64) -> Result<Mad
     let gpus = fleet(pool).await?;
     let people = people(pool).await?;
     let now = OffsetDateTime::now_utc();
-    let now = now - Duration::seconds(i64::from(now.second())) - Duration::nanoseconds(i64::from(now.nanosecond()));
+    let now = now
+        - Duration::seconds(i64::from(now.second()))
+        - Duration::nanoseconds(i64::from(now.nanosecond()));
     let from = now - Duration::days(i64::from(months) * 3044 / 100);
     // Every month's partition first, so no row waits in the default one.
     sqlx::query(
@@ -137,7 +139,11 @@ pub async fn run(pool: &PgPool, rows: u64, months: u32, seed: u64) -> Result<Mad
         usage_rows: made_rows,
         rollup_rows,
         months,
-        tenants: people.iter().map(|p| p.0).collect::<std::collections::BTreeSet<_>>().len(),
+        tenants: people
+            .iter()
+            .map(|p| p.0)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
         secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -268,7 +274,15 @@ fn plan_one(
     let gpu = gpus[rng.gen_range(0..gpus.len())].clone();
     let hours = weighted(
         rng,
-        &[(1, 20), (2, 20), (4, 20), (8, 15), (24, 15), (48, 7), (72, 3)],
+        &[
+            (1, 20),
+            (2, 20),
+            (4, 20),
+            (8, 15),
+            (24, 15),
+            (48, 7),
+            (72, 3),
+        ],
     );
     let released_early = rng.gen_bool(0.4);
     let minutes = if released_early {
@@ -279,7 +293,11 @@ fn plan_one(
     let span = (now - from).whole_minutes() - i64::from(minutes);
     let start = from + Duration::minutes(rng.gen_range(0..span.max(1)));
     let end = start + Duration::minutes(i64::from(minutes));
-    let status = if released_early { "released" } else { "expired" };
+    let status = if released_early {
+        "released"
+    } else {
+        "expired"
+    };
     if gpu.mode == "mig" {
         let model = catalog::model(&gpu.model).expect("MIG GPUs are in the catalog");
         // Small profiles more often: weight by the inverse of the slices.
@@ -290,7 +308,10 @@ fn plan_one(
             .map(|(i, p)| (i, 840 / u32::from(p.compute_slices.max(1))))
             .collect();
         let p = &model.profiles[weighted(rng, &weights)];
-        let place = p.placements().next().expect("every profile has a placement");
+        let place = p
+            .placements()
+            .next()
+            .expect("every profile has a placement");
         Planned {
             tenant: who.0,
             user: who.1,
@@ -307,8 +328,8 @@ fn plan_one(
             slices: Some((i32::from(place.start), i32::from(place.end()))),
         }
     } else {
-        let memory_gib =
-            weighted(rng, &[(4, 35), (8, 25), (12, 15), (16, 15), (24, 10)]).min(gpu.memory_gib.floor().max(1.0) as i32);
+        let memory_gib = weighted(rng, &[(4, 35), (8, 25), (12, 15), (16, 15), (24, 10)])
+            .min(gpu.memory_gib.floor().max(1.0) as i32);
         Planned {
             tenant: who.0,
             user: who.1,

@@ -8,6 +8,7 @@
 use sqlx::{PgPool, Postgres, Transaction};
 use time::{Duration, OffsetDateTime};
 
+use super::index::{self, PlacementIndex};
 use super::plan::{self, Asked, Fleet, MonthUse, Size, Spot};
 use super::{at, invalid, ts, BookingError, Created, Requester, Settings};
 use crate::db::{self, bookings::Booking, fleet::Bookable, tenants::Tenant};
@@ -42,6 +43,7 @@ pub(super) enum Decision {
 /// a waiting booking is checked when it is placed.
 pub(super) async fn decide(
     tx: &mut Transaction<'_, Postgres>,
+    index: &PlacementIndex,
     tenant: &Tenant,
     req: &BookingRequest,
     start: OffsetDateTime,
@@ -52,7 +54,7 @@ pub(super) async fn decide(
         start: ts(start),
         end: ts(end),
     };
-    let fleet = fleet_for(tx, req.kind(), tenant).await?;
+    let fleet = fleet_for(tx, index, req.kind(), tenant).await?;
     let spot = plan::find_spot(&fleet, req, window)?;
     let size = match &spot {
         Ok(s) => plan::placed_size(req, s),
@@ -83,12 +85,13 @@ pub(super) async fn decide(
     }
 }
 
-/// The fleet a request of `kind` by `tenant` may land on, read under the
-/// placement lock (the profile-mix statistic is read just before it: a
-/// statistic a moment old serves as well, and the serialised section stays
-/// short).
+/// The fleet a request of `kind` by `tenant` may land on, from the
+/// placement index under the placement lock (the profile-mix statistic is
+/// read just before it: a statistic a moment old serves as well, and the
+/// serialised section stays short).
 async fn fleet_for(
     tx: &mut Transaction<'_, Postgres>,
+    index: &PlacementIndex,
     kind: Kind,
     tenant: &Tenant,
 ) -> sqlx::Result<Fleet> {
@@ -103,7 +106,14 @@ async fn fleet_for(
         },
     };
     lock_placement(tx, kind).await?;
-    load_fleet(tx, Some(kind), &tenant.quota.allowed_models, &asked).await
+    let snap = index.snapshot(tx, kind).await?;
+    Ok(plan::fleet_of(
+        snap.gpus,
+        &snap.placed,
+        Some(kind),
+        &tenant.quota.allowed_models,
+        &asked,
+    ))
 }
 
 /// The bookable GPUs (of `kind` only, when given) with their live bookings.
@@ -255,6 +265,7 @@ async fn try_create(
     idempotency_key: Option<&str>,
     settings: &Settings,
 ) -> Result<Booking, BookingError> {
+    let index = index::for_pool(pool);
     let mut tx = pool.begin().await?;
     let tenant = db::tenants::get_for_update(&mut tx, tenant_id).await?;
     if tenant.archived {
@@ -266,7 +277,7 @@ async fn try_create(
     let start = plan::check_request(req, &tenant, settings, super::now())?;
     let end = start + Duration::hours(i64::from(req.hours));
     let (status, size, spot, reason, offered) =
-        match decide(&mut tx, &tenant, req, start, end, None).await? {
+        match decide(&mut tx, &index, &tenant, req, start, end, None).await? {
             Decision::OverQuota(msg) => return Err(BookingError::Refused(msg)),
             Decision::Place { spot, size } => (Status::Scheduled, size, Some(spot), None, None),
             // Nothing in the fleet could ever take it: say so, book nothing.

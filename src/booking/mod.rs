@@ -14,10 +14,13 @@
 //! - `queue`: the queue planner;
 //! - `lifecycle`: release, cancel and extension;
 //! - `offerings`: what can be booked now, and a tenant's use for the bars;
-//! - [`availability`]: when a request would fit, GPU by GPU (timeline, API).
+//! - [`availability`]: when a request would fit, GPU by GPU (timeline, API);
+//! - [`index`]: the placement index (the fleet in memory, kept exact by a
+//!   change log the database writes).
 
 pub mod availability;
 mod decide;
+pub mod index;
 mod lifecycle;
 mod offerings;
 pub mod plan;

@@ -77,6 +77,7 @@ async fn place_one(
     if no_room.contains(&shape) {
         return Ok(false);
     }
+    let index = super::index::for_pool(pool);
     let mut tx = pool.begin().await?;
     let tenant = db::tenants::get_for_update(&mut tx, b.tenant_id).await?;
     if db::bookings::lock(&mut tx, id).await?.0 != Status::Queued {
@@ -99,7 +100,7 @@ async fn place_one(
     // full length; one asked for later keeps its start.
     let start = b.start.max(now);
     let end = start + Duration::hours(i64::from(b.hours));
-    match decide(&mut tx, &tenant, &req, start, end, Some(id)).await? {
+    match decide(&mut tx, &index, &tenant, &req, start, end, Some(id)).await? {
         Decision::Place { spot, size } => {
             let ok = db::bookings::place_queued(
                 &mut tx,

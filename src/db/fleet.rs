@@ -183,7 +183,7 @@ pub async fn pending_mode_requests(
 }
 
 /// A GPU new bookings may land on.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bookable {
     pub id: i64,
     pub node_id: i64,

@@ -221,6 +221,49 @@ pub fn day_rows<'a>(
     .fetch(pool)
 }
 
+/// One page of the usage page's drill-down: the booking-days of
+/// `[from, to]` (one tenant's, one person's, or all), newest day first,
+/// before (`before_day`, `before_id`) in that order, at most `limit`.
+/// Covered by `usage_daily_day_idx` (day, booking_id), read backwards.
+#[allow(clippy::too_many_arguments)]
+pub async fn day_rows_page(
+    db: impl PgExecutor<'_>,
+    from: Date,
+    to: Date,
+    tenant_id: Option<i64>,
+    user_id: Option<i64>,
+    before_day: Date,
+    before_id: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<DayRow>> {
+    sqlx::query_as!(
+        DayRow,
+        r#"SELECT d.day AS "day!", t.slug AS tenant_slug, t.name AS tenant_name,
+                  us.email AS user_email, b.id AS booking_id, b.kind,
+                  COALESCE(b.model, '') AS "model!",
+                  COALESCE(b.profile, b.memory_gib || ' GiB share') AS "what!",
+                  d.slice_seconds AS "slice_seconds!", d.gib_seconds AS "gib_seconds!",
+                  NULL::float8 AS cost
+           FROM usage_daily d
+           JOIN bookings b ON b.id = d.booking_id
+           JOIN tenants t ON t.id = b.tenant_id
+           JOIN users us ON us.id = b.user_id
+           WHERE d.day BETWEEN $1::date AND $2::date AND (d.day, d.booking_id) < ($5::date, $6::bigint)
+             AND ($3::bigint IS NULL OR b.tenant_id = $3) AND ($4::bigint IS NULL OR b.user_id = $4)
+           ORDER BY d.day DESC, d.booking_id DESC
+           LIMIT $7"#,
+        from,
+        to,
+        tenant_id,
+        user_id,
+        before_day,
+        before_id,
+        limit
+    )
+    .fetch_all(db)
+    .await
+}
+
 /// Totals of a period by tenant, model and profile (or share), summed from
 /// the same rounded rows as the export, so the two always agree.
 #[derive(Debug, Clone, serde::Serialize)]

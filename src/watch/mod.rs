@@ -93,6 +93,11 @@ pub async fn run(pool: PgPool, settings: Settings) {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "usage partitions failed"),
             }
+            match crate::booking::index::trim(&pool).await {
+                Ok(n) if n > 0 => tracing::debug!(deleted = n, "placement change log trimmed"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "placement change log trim failed"),
+            }
         }
     }
 }

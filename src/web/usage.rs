@@ -17,6 +17,7 @@ use time::{Date, Duration, OffsetDateTime};
 use tower_sessions::Session;
 
 use super::auth::{Admin, CurrentUser, Finance};
+use super::cursor::Cursor;
 use super::error::AppError;
 use super::forms::FieldErrors;
 use super::pages::{flash, PageCtx};
@@ -38,6 +39,9 @@ pub struct Period {
     /// `day`, `week` or `month` (the usage chart).
     #[serde(default)]
     pub by: String,
+    /// The usage page's drill-down: the page after this cursor.
+    #[serde(default)]
+    pub before: String,
 }
 
 fn parse_date(raw: &str, field: &str) -> Result<Option<Date>, AppError> {
@@ -157,12 +161,18 @@ pub struct UsagePage {
     legend: Vec<(usize, String)>,
     rows: Vec<ByWhat>,
     bookings: Vec<db::usage::DayRow>,
+    /// The drill-down's cursor now (empty: its first page) and the next.
+    before: String,
+    older: Option<String>,
     total: f64,
     /// The CSV of the tenant shown (managers).
     csv_url: Option<String>,
 }
 
 const CHART_H: f64 = 180.0;
+
+/// Booking-days per page of the usage page's drill-down.
+const DRILL_DOWN_PAGE: i64 = 100;
 
 fn bucket(day: Date, by: &str) -> Date {
     match by {
@@ -258,16 +268,25 @@ pub async fn usage_page(
         .take(8)
         .map(|(m, w, _)| (class_of(m, w), format!("{m} {w}")))
         .collect();
-    // Drill-down: the bookings of the period, by day.
-    let mut bookings = Vec::new();
-    let mut stream = db::usage::day_rows(&state.pool, from, to, tenant_id, user_id);
-    while let Some(r) = stream.next().await {
-        bookings.push(r?);
-        if bookings.len() >= 500 {
-            break;
-        }
-    }
-    drop(stream);
+    // Drill-down: the period's booking-days, newest first, a page at a time.
+    let cursor = Cursor::parse(Some(&q.before), "before")?;
+    let before_day = cursor.at.date().min(to.next_day().unwrap_or(to));
+    let mut bookings = db::usage::day_rows_page(
+        &state.pool,
+        from,
+        to,
+        tenant_id,
+        user_id,
+        before_day,
+        cursor.id,
+        DRILL_DOWN_PAGE + 1,
+    )
+    .await?;
+    let older = (bookings.len() as i64 > DRILL_DOWN_PAGE).then(|| {
+        bookings.truncate(DRILL_DOWN_PAGE as usize);
+        let last = &bookings[bookings.len() - 1];
+        Cursor::after(false, last.day.midnight().assume_utc(), last.booking_id).encode()
+    });
     let total = sum(per_what.iter().map(|p| p.2));
     let tenants = user
         .memberships
@@ -295,6 +314,8 @@ pub async fn usage_page(
         legend,
         rows,
         bookings,
+        before: q.before.trim().to_string(),
+        older,
         total,
     })
 }

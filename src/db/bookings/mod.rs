@@ -2,14 +2,17 @@
 //! bookings through one query ([`get_many`]), so that the joined shape of a
 //! booking is written (and checked by sqlx) once. Split by who uses them:
 //! this file reads bookings and records people's changes; [`rules`] serves
-//! the booking rules (quota, placement, the queue); [`leases`] the node
+//! the booking rules (quota, placement, the queue); [`index`] the placement
+//! index's change log; [`leases`] the node
 //! worker's claims and steps; [`shares`] the time-slice scheduler, its QoS
 //! ledger and `gpuslice exec`.
 
+mod index;
 mod leases;
 mod rules;
 mod shares;
 
+pub use index::*;
 pub use leases::*;
 pub use rules::*;
 pub use shares::*;

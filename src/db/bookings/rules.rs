@@ -10,7 +10,7 @@ use crate::domain::booking::{Held, Kind, Status, Step, Transition};
 use crate::domain::{GpuMode, Priority};
 
 /// The live statuses that hold a slot on a GPU, as the schema stores them.
-fn placed() -> Vec<String> {
+pub(super) fn placed() -> Vec<String> {
     status_names(Status::LIVE.into_iter().filter(|s| s.is_placed()))
 }
 
@@ -73,7 +73,7 @@ pub async fn tenant_slice_hours(
 }
 
 /// A booking holding (or about to hold) a slot, for placement.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
     pub id: i64,
     pub gpu_id: i64,

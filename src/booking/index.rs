@@ -1,0 +1,293 @@
+//! The placement index: the fleet's bookable GPUs and placed live
+//! bookings of each kind, kept in this process's memory, so that a
+//! decision under the placement lock reads only what changed since the
+//! last one instead of the whole fleet (issue 18).
+//!
+//! Exactness comes from the database, not from this process's own
+//! writes: triggers log every change that matters to placement (a booking
+//! placed, moved, ended; a foreign instance; a GPU's mode, health or
+//! size) in the changing transaction, tagged with its transaction id. A
+//! reader remembers the horizon of its last snapshot (the oldest
+//! transaction then still running) and next time reads every change of a
+//! transaction at or above it, so a change that commits after a later one
+//! is never skipped; it then re-reads those bookings as they are now
+//! (re-reading one twice is harmless). Changes of the reader's own,
+//! uncommitted transaction are used for its decision but not kept: the
+//! booking is re-read at the next synchronisation, after it committed or
+//! rolled back. Nothing is changed in memory until every read of a
+//! synchronisation has answered, so a cancelled request leaves the index
+//! as it was. An index that has not synchronised for half an hour
+//! reloads in full (the log keeps an hour). The advisory placement lock
+//! and the exclusion constraint stay the guards.
+//!
+//! One index per database (keyed by the pool's connection target), shared
+//! by everything in the process that decides placement.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::Mutex;
+
+use crate::db::{self, bookings::Placed, fleet::Bookable};
+use crate::domain::booking::Kind;
+
+/// An index older than this reloads in full (the change log keeps an hour).
+const FULL_RELOAD_AFTER: Duration = Duration::from_secs(30 * 60);
+
+/// The placement index of one database.
+#[derive(Default)]
+pub struct PlacementIndex {
+    mig: Mutex<Option<KindIndex>>,
+    timeslice: Mutex<Option<KindIndex>>,
+}
+
+/// One kind's part of the index.
+#[derive(Debug, Clone)]
+struct KindIndex {
+    horizon: String,
+    synced: Instant,
+    gpus: Vec<Bookable>,
+    placed: HashMap<i64, Placed>,
+    /// Foreign MIG instances (MIG only).
+    foreign: Vec<Placed>,
+    /// Read in a transaction that had changed them itself: read again.
+    dirty: HashSet<i64>,
+    dirty_gpus: bool,
+    dirty_foreign: bool,
+}
+
+/// What the index tells a decision: the bookable GPUs and the placed live
+/// bookings of the kind (with foreign instances for MIG), by id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub gpus: Vec<Bookable>,
+    pub placed: Vec<Placed>,
+}
+
+/// How a synchronisation went (for the benchmark and the tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub full_reload: bool,
+    pub changes: usize,
+    pub reread: usize,
+}
+
+static INDEXES: LazyLock<StdMutex<HashMap<String, Arc<PlacementIndex>>>> =
+    LazyLock::new(Default::default);
+
+/// The index of the database `pool` connects to.
+pub fn for_pool(pool: &PgPool) -> Arc<PlacementIndex> {
+    let o = pool.connect_options();
+    let key = format!(
+        "{}|{}|{:?}|{}|{}",
+        o.get_host(),
+        o.get_port(),
+        o.get_socket(),
+        o.get_database().unwrap_or_default(),
+        o.get_username()
+    );
+    let mut all = INDEXES.lock().unwrap_or_else(|e| e.into_inner());
+    all.entry(key).or_default().clone()
+}
+
+fn sorted(mut placed: Vec<Placed>) -> Vec<Placed> {
+    placed.sort_by_key(|p| (p.gpu_id, p.id));
+    placed
+}
+
+impl PlacementIndex {
+    fn slot(&self, kind: Kind) -> &Mutex<Option<KindIndex>> {
+        match kind {
+            Kind::Mig => &self.mig,
+            Kind::Timeslice => &self.timeslice,
+        }
+    }
+
+    /// The fleet of `kind` as the caller's transaction sees it, from
+    /// memory plus what changed. Call it under the placement lock of
+    /// `kind` for a decision (it is exact without the lock too).
+    pub async fn snapshot(&self, conn: &mut PgConnection, kind: Kind) -> sqlx::Result<Snapshot> {
+        self.snapshot_with_stats(conn, kind).await.map(|s| s.0)
+    }
+
+    pub async fn snapshot_with_stats(
+        &self,
+        conn: &mut PgConnection,
+        kind: Kind,
+    ) -> sqlx::Result<(Snapshot, SyncStats)> {
+        let mut guard = self.slot(kind).lock().await;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let current = guard
+            .as_ref()
+            .filter(|k| k.synced.elapsed() < FULL_RELOAD_AFTER);
+        let Some(old) = current else {
+            let (index, own) = full_load(conn, kind).await?;
+            let snap = index.snapshot(now);
+            // A transaction that changed placement itself sees its own
+            // uncommitted changes: use them, keep none of it.
+            *guard = if own { None } else { Some(index) };
+            let stats = SyncStats {
+                full_reload: true,
+                ..Default::default()
+            };
+            return Ok((snap, stats));
+        };
+        let (horizon, changes) =
+            db::bookings::changes_since(&mut *conn, kind, &old.horizon).await?;
+        let mut next = old.clone();
+        next.horizon = horizon;
+        next.synced = Instant::now();
+        let mut ids: HashSet<i64> = std::mem::take(&mut next.dirty);
+        let mut own_ids = HashSet::new();
+        let (mut reload_gpus, mut own_gpus) = (std::mem::take(&mut next.dirty_gpus), false);
+        let (mut reload_foreign, mut own_foreign) =
+            (std::mem::take(&mut next.dirty_foreign), false);
+        for c in &changes {
+            match (c.kind.as_str(), c.booking_id) {
+                ("fleet", _) => {
+                    reload_gpus = true;
+                    own_gpus |= c.own;
+                }
+                (_, None) => {
+                    reload_foreign = true;
+                    own_foreign |= c.own;
+                }
+                (_, Some(id)) => {
+                    ids.insert(id);
+                    if c.own {
+                        own_ids.insert(id);
+                    }
+                }
+            }
+        }
+        // Every read first; memory changes only after the last one.
+        let ids: Vec<i64> = ids.into_iter().collect();
+        let reread = if ids.is_empty() {
+            Vec::new()
+        } else {
+            db::bookings::placed_by_id(&mut *conn, &ids).await?
+        };
+        let gpus = if reload_gpus {
+            Some(db::fleet::bookable(&mut *conn).await?)
+        } else {
+            None
+        };
+        let foreign = if reload_foreign && kind == Kind::Mig {
+            Some(db::bookings::foreign_placed(&mut *conn).await?)
+        } else {
+            None
+        };
+        let stats = SyncStats {
+            full_reload: false,
+            changes: changes.len(),
+            reread: reread.len(),
+        };
+        // What this decision sees: everything read, own changes included.
+        let mut seen = next.clone();
+        apply(&mut seen, &reread, gpus.clone(), foreign.clone(), kind);
+        let snap = seen.snapshot(now);
+        // What is kept: nothing read of this transaction's own changes.
+        let kept: Vec<(i64, Option<Placed>)> = reread
+            .into_iter()
+            .filter(|(id, _)| !own_ids.contains(id))
+            .collect();
+        apply(
+            &mut next,
+            &kept,
+            gpus.filter(|_| !own_gpus),
+            foreign.filter(|_| !own_foreign),
+            kind,
+        );
+        next.dirty.extend(own_ids);
+        next.dirty_gpus = own_gpus;
+        next.dirty_foreign = own_foreign;
+        // Bookings that have ended hold nothing any more.
+        next.placed.retain(|_, p| p.end > now);
+        *guard = Some(next);
+        Ok((snap, stats))
+    }
+}
+
+fn apply(
+    index: &mut KindIndex,
+    reread: &[(i64, Option<Placed>)],
+    gpus: Option<Vec<Bookable>>,
+    foreign: Option<Vec<Placed>>,
+    kind: Kind,
+) {
+    for (id, p) in reread {
+        match p {
+            Some(p) if p.kind == kind => {
+                index.placed.insert(*id, p.clone());
+            }
+            _ => {
+                index.placed.remove(id);
+            }
+        }
+    }
+    if let Some(g) = gpus {
+        index.gpus = g;
+    }
+    if let Some(f) = foreign {
+        index.foreign = f;
+    }
+}
+
+impl KindIndex {
+    fn snapshot(&self, now: i64) -> Snapshot {
+        let placed = self
+            .placed
+            .values()
+            .filter(|p| p.end > now)
+            .chain(self.foreign.iter())
+            .cloned()
+            .collect();
+        Snapshot {
+            gpus: self.gpus.clone(),
+            placed: sorted(placed),
+        }
+    }
+}
+
+/// Reads a kind's part in full; also says whether the transaction has
+/// placement changes of its own (then the result is not kept).
+async fn full_load(conn: &mut PgConnection, kind: Kind) -> sqlx::Result<(KindIndex, bool)> {
+    let h = db::bookings::horizon(&mut *conn).await?;
+    let gpus = db::fleet::bookable(&mut *conn).await?;
+    let placed = db::bookings::placed_bookings(&mut *conn, kind).await?;
+    let foreign = match kind {
+        Kind::Mig => db::bookings::foreign_placed(&mut *conn).await?,
+        Kind::Timeslice => Vec::new(),
+    };
+    Ok((
+        KindIndex {
+            horizon: h.horizon,
+            synced: Instant::now(),
+            gpus,
+            placed: placed.into_iter().map(|p| (p.id, p)).collect(),
+            foreign,
+            dirty: HashSet::new(),
+            dirty_gpus: false,
+            dirty_foreign: false,
+        },
+        h.own_changes,
+    ))
+}
+
+/// The same fleet read straight from the database (what the index must
+/// always equal; the tests compare them).
+pub async fn read_direct(conn: &mut PgConnection, kind: Kind) -> sqlx::Result<Snapshot> {
+    let gpus = db::fleet::bookable(&mut *conn).await?;
+    let placed = db::bookings::placed_live(&mut *conn, Some(kind)).await?;
+    Ok(Snapshot {
+        gpus,
+        placed: sorted(placed),
+    })
+}
+
+/// Trims the change log (the watch loop's round).
+pub async fn trim(pool: &PgPool) -> sqlx::Result<u64> {
+    db::bookings::trim_changes(pool).await
+}
