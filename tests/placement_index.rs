@@ -90,7 +90,7 @@ async fn index_equals_the_database_after_every_kind_of_change() {
     );
     assert_eq!(
         index::for_pool(&app.pool)
-            .snapshot(&mut *app.pool.acquire().await.unwrap(), Kind::Mig)
+            .snapshot(&mut app.pool.acquire().await.unwrap(), Kind::Mig)
             .await
             .unwrap()
             .placed
@@ -173,7 +173,7 @@ async fn a_change_that_commits_late_is_not_skipped() {
     a.commit().await.unwrap();
     check(&app, Kind::Mig, "A committed after a look that saw B").await;
     let snap = index::for_pool(&app.pool)
-        .snapshot(&mut *app.pool.acquire().await.unwrap(), Kind::Mig)
+        .snapshot(&mut app.pool.acquire().await.unwrap(), Kind::Mig)
         .await
         .unwrap();
     assert!(
@@ -206,7 +206,7 @@ async fn own_uncommitted_changes_are_seen_but_never_kept() {
     drop(conn);
     check(&app, Kind::Mig, "after the rollback").await;
     let after = idx
-        .snapshot(&mut *app.pool.acquire().await.unwrap(), Kind::Mig)
+        .snapshot(&mut app.pool.acquire().await.unwrap(), Kind::Mig)
         .await
         .unwrap();
     assert!(

@@ -158,3 +158,182 @@ async fn old_months_leave_as_partitions_and_their_rollups_stay() {
         0
     );
 }
+
+/// The totals as computed before the month cache: every booking-day of the
+/// period, priced per day (the reference the cached totals must equal).
+async fn direct_totals(
+    app: &TestApp,
+    from: &str,
+    to: &str,
+) -> Vec<(String, String, String, i64, f64, f64, i64)> {
+    sqlx::query_as(
+        "WITH priced AS (
+             SELECT b.tenant_id, COALESCE(b.model, '') AS model,
+                    COALESCE(b.profile, b.memory_gib || ' GiB share') AS what, b.id AS booking_id,
+                    d.slice_seconds, round(d.slice_seconds::numeric / 3600 * tf.price, 2) AS cost
+             FROM usage_daily d JOIN bookings b ON b.id = d.booking_id
+             LEFT JOIN LATERAL (
+                 SELECT price_per_slice_hour AS price FROM tariffs
+                 WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
+                 ORDER BY effective_from DESC LIMIT 1
+             ) tf ON TRUE
+             WHERE d.day BETWEEN $1::date AND $2::date
+         )
+         SELECT t.slug, p.model, p.what, count(DISTINCT p.booking_id), sum(p.slice_seconds) / 3600,
+                COALESCE(sum(p.cost), 0)::float8, count(*) FILTER (WHERE p.cost IS NULL)
+         FROM priced p JOIN tenants t ON t.id = p.tenant_id
+         GROUP BY t.slug, p.model, p.what ORDER BY 1, 2, 3",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
+}
+
+async fn cached_totals(
+    app: &TestApp,
+    from: &str,
+    to: &str,
+) -> Vec<(String, String, String, i64, f64, f64, i64)> {
+    let day = |s: &str| {
+        time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]")).unwrap()
+    };
+    gpuslice::db::usage::totals(&app.pool, day(from), day(to), None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| {
+            (
+                t.tenant_slug,
+                t.model,
+                t.what,
+                t.bookings,
+                t.slice_hours,
+                t.cost,
+                t.unpriced_rows,
+            )
+        })
+        .collect()
+}
+
+/// Equal but for floating-point summation order in the slice-hours.
+fn assert_same(
+    a: &[(String, String, String, i64, f64, f64, i64)],
+    b: &[(String, String, String, i64, f64, f64, i64)],
+    what: &str,
+) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(
+            (&x.0, &x.1, &x.2, x.3, x.6),
+            (&y.0, &y.1, &y.2, y.3, y.6),
+            "{what}"
+        );
+        assert!((x.4 - y.4).abs() < 1e-6, "{what}: {x:?} vs {y:?}");
+        assert!((x.5 - y.5).abs() < 0.005, "{what}: cost {x:?} vs {y:?}");
+    }
+}
+
+#[tokio::test]
+async fn month_totals_are_cached_and_always_equal_the_daily_rollup() {
+    let (app, b) = setup().await;
+    // A second booking of another profile that crosses a month's end, and
+    // usage over 2025 on both, some days without a tariff.
+    let b2: i64 = sqlx::query_scalar(
+        "INSERT INTO bookings (tenant_id, user_id, kind, model, profile, memory_gib, compute_slices, priority,
+                               hours, during, status, metered_until)
+         SELECT tenant_id, user_id, kind, model, '3g.40gb', 40, 3, priority, hours, during, status, now()
+         FROM bookings WHERE id = $1 RETURNING id",
+    )
+    .bind(b)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE bookings SET metered_until = now() WHERE id = $1")
+        .bind(b)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO usage (booking_id, interval_start, interval_end, slice_seconds, gib_seconds)
+         SELECT CASE WHEN d % 3 = 0 THEN $2 ELSE $1 END,
+                timestamptz '2025-01-01 08:00+00' + d * interval '1 day' + m * interval '7 minutes',
+                timestamptz '2025-01-01 08:01+00' + d * interval '1 day' + m * interval '7 minutes',
+                37.5 + d % 5, 375
+         FROM generate_series(0, 364) d, generate_series(0, 3) m",
+    )
+    .bind(b)
+    .bind(b2)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO tariffs (model, kind, price_per_slice_hour, effective_from)
+         VALUES ('H100-80GB', 'mig', 0.3333, '2025-03-10'), ('H100-80GB', 'mig', 0.25, '2025-08-01')",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let periods = [
+        ("2025-01-01", "2025-12-31"),
+        ("2025-02-14", "2025-11-03"),
+        ("2025-03-01", "2025-03-31"),
+        ("2025-03-05", "2025-03-20"),
+        ("2024-12-01", "2026-01-31"),
+    ];
+    for (from, to) in periods {
+        assert_same(
+            &cached_totals(&app, from, to).await,
+            &direct_totals(&app, from, to).await,
+            &format!("{from}..{to}, first read"),
+        );
+    }
+    let cached: i64 = app.one("SELECT count(*) FROM usage_month_cached").await;
+    assert_eq!(cached, 14, "every whole past month read is cached");
+    for (from, to) in periods {
+        assert_same(
+            &cached_totals(&app, from, to).await,
+            &direct_totals(&app, from, to).await,
+            &format!("{from}..{to}, from the cache"),
+        );
+    }
+    // Late metering into a cached month, a tariff change, a correction by
+    // hand: each makes the cache stale, and the totals stay right.
+    record(&app, &[row(b, "2025-06-15T12:00:00Z", 600.0)]).await;
+    assert_same(
+        &cached_totals(&app, "2025-01-01", "2025-12-31").await,
+        &direct_totals(&app, "2025-01-01", "2025-12-31").await,
+        "after late metering",
+    );
+    sqlx::query(
+        "UPDATE tariffs SET price_per_slice_hour = 0.5 WHERE effective_from = '2025-08-01'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_same(
+        &cached_totals(&app, "2025-01-01", "2025-12-31").await,
+        &direct_totals(&app, "2025-01-01", "2025-12-31").await,
+        "after a tariff change",
+    );
+    sqlx::query(
+        "UPDATE usage_daily SET slice_seconds = slice_seconds + 3600 WHERE day = '2025-09-09'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    assert_same(
+        &cached_totals(&app, "2025-01-01", "2025-12-31").await,
+        &direct_totals(&app, "2025-01-01", "2025-12-31").await,
+        "after a correction by hand",
+    );
+    let stale: i64 = app
+        .one(
+            "SELECT count(*) FROM usage_month_cached c LEFT JOIN usage_month_versions v USING (month)
+             WHERE c.month BETWEEN '2025-01-01' AND '2025-12-01'
+               AND (c.version <> COALESCE(v.version, 0) OR c.epoch <> (SELECT version FROM usage_totals_epoch))",
+        )
+        .await;
+    assert_eq!(stale, 0, "the year's read brought every month up to date");
+}

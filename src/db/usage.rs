@@ -265,7 +265,9 @@ pub async fn day_rows_page(
 }
 
 /// Totals of a period by tenant, model and profile (or share), summed from
-/// the same rounded rows as the export, so the two always agree.
+/// the same rounded rows as the export, so the two always agree: the
+/// period's whole past months from their cached totals (migration
+/// `usage_month_totals`), the rest from the daily rollup.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Total {
     pub tenant_slug: String,
@@ -281,43 +283,193 @@ pub struct Total {
 }
 
 pub async fn totals(
-    db: impl PgExecutor<'_>,
+    pool: &PgPool,
     from: Date,
     to: Date,
     tenant_id: Option<i64>,
 ) -> sqlx::Result<Vec<Total>> {
-    sqlx::query_as!(
+    // Whole months of the period that have ended: their totals are cached.
+    let this_month = OffsetDateTime::now_utc()
+        .date()
+        .replace_day(1)
+        .unwrap_or(from);
+    let months = whole_months(from, to, this_month);
+    for m in &months {
+        ensure_month(pool, *m).await?;
+    }
+    // One snapshot for the cached months' validity and the rest's rows.
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let valid = sqlx::query_scalar!(
+        r#"SELECT c.month AS "month!" FROM usage_month_cached c
+           LEFT JOIN usage_month_versions v ON v.month = c.month
+           WHERE c.month = ANY($1) AND c.version = COALESCE(v.version, 0)
+             AND c.epoch = (SELECT version FROM usage_totals_epoch)"#,
+        &months
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let (lo, hi) = uncovered(from, to, &valid);
+    let rows = sqlx::query_as!(
         Total,
-        r#"WITH days AS (
-               SELECT r.booking_id, r.day, r.slice_seconds, r.gib_seconds
-               FROM usage_daily r WHERE r.day BETWEEN $1::date AND $2::date
-           ), priced AS (
-               SELECT b.tenant_id, COALESCE(b.model, '') AS model,
-                      COALESCE(b.profile, b.memory_gib || ' GiB share') AS what, b.id AS booking_id,
-                      d.slice_seconds, d.gib_seconds,
-                      round(d.slice_seconds::numeric / 3600 * tf.price, 2) AS cost
-               FROM days d JOIN bookings b ON b.id = d.booking_id
+        r#"WITH parts AS (
+               SELECT m.tenant_id, m.model, m.what, m.slice_seconds, m.gib_seconds, m.cost,
+                      m.unpriced_rows, m.bookings
+               FROM usage_month_totals m
+               WHERE m.month = ANY($1) AND ($4::bigint IS NULL OR m.tenant_id = $4)
+               UNION ALL
+               SELECT b.tenant_id, COALESCE(b.model, ''), COALESCE(b.profile, b.memory_gib || ' GiB share'),
+                      sum(d.slice_seconds), sum(d.gib_seconds),
+                      COALESCE(sum(round(d.slice_seconds::numeric / 3600 * tf.price, 2)), 0),
+                      count(*) FILTER (WHERE tf.price IS NULL), array_agg(DISTINCT b.id)
+               FROM unnest($2::date[], $3::date[]) r(lo, hi)
+               JOIN usage_daily d ON d.day BETWEEN r.lo AND r.hi
+               JOIN bookings b ON b.id = d.booking_id
                LEFT JOIN LATERAL (
                    SELECT price_per_slice_hour AS price FROM tariffs
                    WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
                    ORDER BY effective_from DESC LIMIT 1
                ) tf ON TRUE
-               WHERE $3::bigint IS NULL OR b.tenant_id = $3
+               WHERE $4::bigint IS NULL OR b.tenant_id = $4
+               GROUP BY 1, 2, 3
+           ), sums AS (
+               SELECT tenant_id, model, what, sum(slice_seconds) AS s, sum(gib_seconds) AS g,
+                      sum(cost) AS c, sum(unpriced_rows) AS u
+               FROM parts GROUP BY 1, 2, 3
+           ), counts AS (
+               SELECT p.tenant_id, p.model, p.what, count(DISTINCT id) AS n
+               FROM parts p, unnest(p.bookings) id GROUP BY 1, 2, 3
            )
-           SELECT t.slug AS tenant_slug, t.name AS tenant_name, p.model AS "model!", p.what AS "what!",
-                  count(DISTINCT p.booking_id) AS "bookings!",
-                  sum(p.slice_seconds) / 3600 AS "slice_hours!", sum(p.gib_seconds) / 3600 AS "gib_hours!",
-                  COALESCE(sum(p.cost), 0)::float8 AS "cost!",
-                  count(*) FILTER (WHERE p.cost IS NULL) AS "unpriced_rows!"
-           FROM priced p JOIN tenants t ON t.id = p.tenant_id
-           GROUP BY t.slug, t.name, p.model, p.what
-           ORDER BY t.slug, p.model, p.what"#,
-        from,
-        to,
+           SELECT t.slug AS tenant_slug, t.name AS tenant_name, s.model AS "model!", s.what AS "what!",
+                  n.n AS "bookings!", s.s / 3600 AS "slice_hours!", s.g / 3600 AS "gib_hours!",
+                  s.c::float8 AS "cost!", s.u::bigint AS "unpriced_rows!"
+           FROM sums s JOIN counts n USING (tenant_id, model, what)
+           JOIN tenants t ON t.id = s.tenant_id
+           ORDER BY t.slug, s.model, s.what"#,
+        &valid,
+        &lo,
+        &hi,
         tenant_id
     )
-    .fetch_all(db)
-    .await
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// The first days of the months wholly inside `[from, to]` that ended
+/// before `this_month`.
+fn whole_months(from: Date, to: Date, this_month: Date) -> Vec<Date> {
+    let mut out = Vec::new();
+    let mut m = from.replace_day(1).unwrap_or(from);
+    if m < from {
+        m = next_month(m);
+    }
+    while m < this_month && next_month(m) <= to.next_day().unwrap_or(to) {
+        out.push(m);
+        m = next_month(m);
+    }
+    out
+}
+
+fn next_month(m: Date) -> Date {
+    let (y, mo) = match m.month() {
+        time::Month::December => (m.year() + 1, time::Month::January),
+        other => (m.year(), other.next()),
+    };
+    Date::from_calendar_date(y, mo, 1).unwrap_or(m)
+}
+
+/// The stretches of `[from, to]` (inclusive days) outside the months
+/// `covered` (sorted or not): `(starts, ends)`.
+fn uncovered(from: Date, to: Date, covered: &[Date]) -> (Vec<Date>, Vec<Date>) {
+    let mut covered = covered.to_vec();
+    covered.sort();
+    let (mut lo, mut hi) = (Vec::new(), Vec::new());
+    let mut at = from;
+    for m in covered {
+        if m > at {
+            lo.push(at);
+            hi.push(m.previous_day().unwrap_or(m));
+        }
+        at = next_month(m).max(at);
+    }
+    if at <= to {
+        lo.push(at);
+        hi.push(to);
+    }
+    (lo, hi)
+}
+
+/// Makes month `m`'s cached totals current (in one snapshot with the
+/// version and epoch they reflect), unless they are. Another reader
+/// filling the same month at the same time makes this one give way
+/// (serialization failure or duplicate key): theirs serves as well, and a
+/// month whose cache is not current is read from the daily rollup.
+async fn ensure_month(pool: &PgPool, m: Date) -> sqlx::Result<()> {
+    match fill_month(pool, m).await {
+        Err(sqlx::Error::Database(e))
+            if matches!(e.code().as_deref(), Some("40001") | Some("23505")) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+async fn fill_month(pool: &PgPool, m: Date) -> sqlx::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    let current = sqlx::query!(
+        r#"SELECT COALESCE((SELECT version FROM usage_month_versions WHERE month = $1), 0) AS "version!",
+                  (SELECT version FROM usage_totals_epoch) AS "epoch!",
+                  EXISTS (SELECT 1 FROM usage_month_cached c
+                          WHERE c.month = $1 AND c.version = COALESCE((SELECT version FROM usage_month_versions WHERE month = $1), 0)
+                            AND c.epoch = (SELECT version FROM usage_totals_epoch)) AS "fresh!""#,
+        m
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if current.fresh {
+        return Ok(());
+    }
+    sqlx::query!("DELETE FROM usage_month_totals WHERE month = $1", m)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query!(
+        r#"INSERT INTO usage_month_totals (month, tenant_id, model, what, slice_seconds, gib_seconds, cost,
+                                           unpriced_rows, bookings)
+           SELECT $1, b.tenant_id, COALESCE(b.model, ''), COALESCE(b.profile, b.memory_gib || ' GiB share'),
+                  sum(d.slice_seconds), sum(d.gib_seconds),
+                  COALESCE(sum(round(d.slice_seconds::numeric / 3600 * tf.price, 2)), 0),
+                  count(*) FILTER (WHERE tf.price IS NULL), array_agg(DISTINCT b.id)
+           FROM usage_daily d
+           JOIN bookings b ON b.id = d.booking_id
+           LEFT JOIN LATERAL (
+               SELECT price_per_slice_hour AS price FROM tariffs
+               WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
+               ORDER BY effective_from DESC LIMIT 1
+           ) tf ON TRUE
+           WHERE d.day >= $1 AND d.day < ($1 + interval '1 month')::date
+           GROUP BY 2, 3, 4"#,
+        m
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "INSERT INTO usage_month_cached (month, version, epoch) VALUES ($1, $2, $3)
+         ON CONFLICT (month) DO UPDATE SET version = EXCLUDED.version, epoch = EXCLUDED.epoch",
+        m,
+        current.version,
+        current.epoch
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
 
 /// Usage by day (UTC) for charts: (day, model, what, slice-hours).
@@ -348,4 +500,60 @@ pub async fn by_day(
         .into_iter()
         .map(|r| (r.day, r.model, r.what, r.slice_hours))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::date;
+
+    #[test]
+    fn whole_months_are_those_inside_the_period_that_ended() {
+        let now = date!(2026 - 12 - 01);
+        assert_eq!(
+            whole_months(date!(2026 - 01 - 01), date!(2026 - 03 - 31), now),
+            vec![
+                date!(2026 - 01 - 01),
+                date!(2026 - 02 - 01),
+                date!(2026 - 03 - 01)
+            ]
+        );
+        assert_eq!(
+            whole_months(date!(2026 - 01 - 02), date!(2026 - 03 - 30), now),
+            vec![date!(2026 - 02 - 01)]
+        );
+        assert!(
+            whole_months(date!(2026 - 11 - 01), date!(2026 - 12 - 31), now)
+                .eq(&[date!(2026 - 11 - 01)])
+        );
+        assert!(whole_months(date!(2026 - 02 - 03), date!(2026 - 02 - 20), now).is_empty());
+        assert_eq!(
+            whole_months(date!(2025 - 12 - 01), date!(2026 - 01 - 31), now),
+            vec![date!(2025 - 12 - 01), date!(2026 - 01 - 01)]
+        );
+    }
+
+    #[test]
+    fn uncovered_is_the_period_less_the_covered_months() {
+        let (lo, hi) = uncovered(
+            date!(2026 - 01 - 15),
+            date!(2026 - 05 - 10),
+            &[date!(2026 - 03 - 01), date!(2026 - 02 - 01)],
+        );
+        assert_eq!(lo, vec![date!(2026 - 01 - 15), date!(2026 - 04 - 01)]);
+        assert_eq!(hi, vec![date!(2026 - 01 - 31), date!(2026 - 05 - 10)]);
+        let (lo, hi) = uncovered(
+            date!(2026 - 01 - 01),
+            date!(2026 - 01 - 31),
+            &[date!(2026 - 01 - 01)],
+        );
+        assert!(lo.is_empty() && hi.is_empty());
+        let (lo, hi) = uncovered(
+            date!(2026 - 01 - 01),
+            date!(2026 - 03 - 31),
+            &[date!(2026 - 02 - 01)],
+        );
+        assert_eq!(lo, vec![date!(2026 - 01 - 01), date!(2026 - 03 - 01)]);
+        assert_eq!(hi, vec![date!(2026 - 01 - 31), date!(2026 - 03 - 31)]);
+    }
 }
