@@ -1,9 +1,12 @@
 //! The one decision a new booking and the queue planner share, in the
-//! caller's transaction: read the fleet under the placement lock, ask the
-//! pure rules where the request fits, check the tenant's quota over the
-//! whole window (the caller holds the tenant's row lock), and lock a
-//! share's GPU to confirm it still fits. Then [`create`], which writes a
-//! new booking from that decision.
+//! caller's transaction: read the tenant's quota use over the whole window
+//! (the caller holds the tenant's row lock), take the placement lock and
+//! bring the placement index up to date, ask the pure rules where the
+//! request fits and whether the quota allows it, and lock a share's GPU to
+//! confirm it still fits. Then [`create`], which writes a new booking (and
+//! the first line of its timeline, in one statement) from that decision.
+//! Inside the placement lock a MIG decision makes two round trips: the
+//! index's changes and the insert (then the commit).
 
 use sqlx::{PgPool, Postgres, Transaction};
 use time::{Duration, OffsetDateTime};
@@ -54,6 +57,11 @@ pub(super) async fn decide(
         start: ts(start),
         end: ts(end),
     };
+    // The tenant's held bookings and month use, read before the placement
+    // lock (the caller holds the tenant's lock: nothing can add to them
+    // meanwhile, only bookings ending can take from them), so that the
+    // serialised section does no quota round trips.
+    let usage = quota_usage(tx, tenant, start, end, except).await?;
     let fleet = fleet_for(tx, index, req.kind(), tenant).await?;
     let spot = plan::find_spot(&fleet, req, window)?;
     let size = match &spot {
@@ -61,7 +69,7 @@ pub(super) async fn decide(
         Err(_) => plan::unplaced_size(&fleet, req),
     };
     if spot.is_ok() || except.is_none() {
-        if let Err(msg) = check_quota(tx, tenant, start, end, &size, except).await? {
+        if let Err(msg) = usage.verdict(tenant, start, end, &size) {
             return Ok(Decision::OverQuota(msg));
         }
     }
@@ -87,24 +95,15 @@ pub(super) async fn decide(
 
 /// The fleet a request of `kind` by `tenant` may land on, from the
 /// placement index under the placement lock (the profile-mix statistic is
-/// read just before it: a statistic a moment old serves as well, and the
-/// serialised section stays short).
+/// read before it, at most once a minute: a statistic over 30 days a minute
+/// old serves as well, and the serialised section stays short).
 async fn fleet_for(
     tx: &mut Transaction<'_, Postgres>,
     index: &PlacementIndex,
     kind: Kind,
     tenant: &Tenant,
 ) -> sqlx::Result<Fleet> {
-    let asked = match kind {
-        Kind::Mig => Asked {
-            profiles: db::bookings::recent_profile_counts(&mut **tx).await?,
-            shares: Vec::new(),
-        },
-        Kind::Timeslice => Asked {
-            profiles: Vec::new(),
-            shares: db::bookings::recent_share_counts(&mut **tx).await?,
-        },
-    };
+    let asked = index.asked(tx, kind).await?;
     lock_placement(tx, kind).await?;
     let snap = index.snapshot(tx, kind).await?;
     Ok(plan::fleet_of(
@@ -138,6 +137,53 @@ async fn lock_placement(tx: &mut Transaction<'_, Postgres>, kind: Kind) -> sqlx:
         .await
 }
 
+/// What a tenant holds beside a request over `[start, end)`: its live
+/// bookings overlapping it and its booked slice-hours in each month it
+/// touches (not counting booking `except`).
+pub(super) struct QuotaUsage {
+    held: Vec<rules::Held>,
+    months: Vec<MonthUse>,
+}
+
+impl QuotaUsage {
+    /// The quota verdict for adding `size` over `[start, end)`: `Err(msg)`
+    /// when a limit says no.
+    pub(super) fn verdict(
+        &self,
+        tenant: &Tenant,
+        start: OffsetDateTime,
+        end: OffsetDateTime,
+        size: &Size,
+    ) -> Result<(), String> {
+        plan::quota_verdict(
+            &tenant.quota,
+            &tenant.slug,
+            &self.held,
+            &self.months,
+            ts(start),
+            ts(end),
+            size,
+        )
+    }
+}
+
+pub(super) async fn quota_usage(
+    tx: &mut Transaction<'_, Postgres>,
+    tenant: &Tenant,
+    start: OffsetDateTime,
+    end: OffsetDateTime,
+    except: Option<i64>,
+) -> Result<QuotaUsage, BookingError> {
+    let held = db::bookings::tenant_live_between(&mut **tx, tenant.id, start, end, except).await?;
+    let mut months = Vec::new();
+    for (from, to) in rules::months_touched(ts(start), ts(end)) {
+        let used = db::bookings::tenant_slice_hours(&mut **tx, tenant.id, at(from), at(to), except)
+            .await?;
+        months.push(MonthUse { from, to, used });
+    }
+    Ok(QuotaUsage { held, months })
+}
+
 /// The quota verdict for holding `size` over `[start, end)` beside the
 /// tenant's other live bookings: `Ok(Err(msg))` when a limit says no.
 pub(super) async fn check_quota(
@@ -148,22 +194,9 @@ pub(super) async fn check_quota(
     size: &Size,
     except: Option<i64>,
 ) -> Result<Result<(), String>, BookingError> {
-    let held = db::bookings::tenant_live_between(&mut **tx, tenant.id, start, end, except).await?;
-    let mut months = Vec::new();
-    for (from, to) in rules::months_touched(ts(start), ts(end)) {
-        let used = db::bookings::tenant_slice_hours(&mut **tx, tenant.id, at(from), at(to), except)
-            .await?;
-        months.push(MonthUse { from, to, used });
-    }
-    Ok(plan::quota_verdict(
-        &tenant.quota,
-        &tenant.slug,
-        &held,
-        &months,
-        ts(start),
-        ts(end),
-        size,
-    ))
+    Ok(quota_usage(tx, tenant, start, end, except)
+        .await?
+        .verdict(tenant, start, end, size))
 }
 
 /// Locks a share's GPU and says whether a share of `memory_gib` fits on it
@@ -318,14 +351,7 @@ async fn try_create(
             offered_start: offered,
             idempotency_key,
         },
-    )
-    .await?;
-    db::bookings::event(
-        &mut *tx,
-        id,
         &who.email,
-        None,
-        status,
         reason.as_deref().unwrap_or("booked"),
     )
     .await?;

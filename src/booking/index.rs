@@ -30,17 +30,24 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::Mutex;
 
+use super::plan::Asked;
 use crate::db::{self, bookings::Placed, fleet::Bookable};
 use crate::domain::booking::Kind;
 
 /// An index older than this reloads in full (the change log keeps an hour).
 const FULL_RELOAD_AFTER: Duration = Duration::from_secs(30 * 60);
 
+/// The profile-mix statistic (what was asked for over 30 days) is read
+/// again after this long: a minute changes it by next to nothing.
+const ASKED_FOR: Duration = Duration::from_secs(60);
+
 /// The placement index of one database.
 #[derive(Default)]
 pub struct PlacementIndex {
     mig: Mutex<Option<KindIndex>>,
     timeslice: Mutex<Option<KindIndex>>,
+    /// The profile-mix statistic per kind, with when it was read.
+    asked: StdMutex<HashMap<&'static str, (Instant, Asked)>>,
 }
 
 /// One kind's part of the index.
@@ -98,6 +105,36 @@ fn sorted(mut placed: Vec<Placed>) -> Vec<Placed> {
 }
 
 impl PlacementIndex {
+    /// What tenants asked for lately (profiles for MIG, share sizes for
+    /// shares), read at most once a minute.
+    pub async fn asked(&self, conn: &mut PgConnection, kind: Kind) -> sqlx::Result<Asked> {
+        let fresh = self
+            .asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(kind.as_str())
+            .filter(|a| a.0.elapsed() < ASKED_FOR)
+            .map(|a| a.1.clone());
+        if let Some(a) = fresh {
+            return Ok(a);
+        }
+        let asked = match kind {
+            Kind::Mig => Asked {
+                profiles: db::bookings::recent_profile_counts(&mut *conn).await?,
+                shares: Vec::new(),
+            },
+            Kind::Timeslice => Asked {
+                profiles: Vec::new(),
+                shares: db::bookings::recent_share_counts(&mut *conn).await?,
+            },
+        };
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind.as_str(), (Instant::now(), asked.clone()));
+        Ok(asked)
+    }
+
     fn slot(&self, kind: Kind) -> &Mutex<Option<KindIndex>> {
         match kind {
             Kind::Mig => &self.mig,
@@ -134,17 +171,19 @@ impl PlacementIndex {
             };
             return Ok((snap, stats));
         };
+        let also: Vec<i64> = old.dirty.iter().copied().collect();
         let (horizon, changes) =
-            db::bookings::changes_since(&mut *conn, kind, &old.horizon).await?;
+            db::bookings::changes_since(&mut *conn, kind, &old.horizon, &also).await?;
         let mut next = old.clone();
         next.horizon = horizon;
         next.synced = Instant::now();
-        let mut ids: HashSet<i64> = std::mem::take(&mut next.dirty);
+        next.dirty.clear();
         let mut own_ids = HashSet::new();
         let (mut reload_gpus, mut own_gpus) = (std::mem::take(&mut next.dirty_gpus), false);
         let (mut reload_foreign, mut own_foreign) =
             (std::mem::take(&mut next.dirty_foreign), false);
-        for c in &changes {
+        let mut reread: Vec<(i64, Option<Placed>)> = Vec::new();
+        for c in changes {
             match (c.kind.as_str(), c.booking_id) {
                 ("fleet", _) => {
                     reload_gpus = true;
@@ -155,20 +194,14 @@ impl PlacementIndex {
                     own_foreign |= c.own;
                 }
                 (_, Some(id)) => {
-                    ids.insert(id);
                     if c.own {
                         own_ids.insert(id);
                     }
+                    reread.push((id, c.placed));
                 }
             }
         }
-        // Every read first; memory changes only after the last one.
-        let ids: Vec<i64> = ids.into_iter().collect();
-        let reread = if ids.is_empty() {
-            Vec::new()
-        } else {
-            db::bookings::placed_by_id(&mut *conn, &ids).await?
-        };
+        // The rest of the reads first; memory changes only after the last.
         let gpus = if reload_gpus {
             Some(db::fleet::bookable(&mut *conn).await?)
         } else {
@@ -181,13 +214,17 @@ impl PlacementIndex {
         };
         let stats = SyncStats {
             full_reload: false,
-            changes: changes.len(),
+            changes: reread.len() + usize::from(reload_gpus) + usize::from(reload_foreign),
             reread: reread.len(),
         };
-        // What this decision sees: everything read, own changes included.
-        let mut seen = next.clone();
-        apply(&mut seen, &reread, gpus.clone(), foreign.clone(), kind);
-        let snap = seen.snapshot(now);
+        // What this decision sees: everything read, own changes included
+        // (apart from what is kept only when there are some).
+        let any_own = !own_ids.is_empty() || own_gpus || own_foreign;
+        let seen = any_own.then(|| {
+            let mut seen = next.clone();
+            apply(&mut seen, &reread, gpus.clone(), foreign.clone(), kind);
+            seen.snapshot(now)
+        });
         // What is kept: nothing read of this transaction's own changes.
         let kept: Vec<(i64, Option<Placed>)> = reread
             .into_iter()
@@ -205,6 +242,7 @@ impl PlacementIndex {
         next.dirty_foreign = own_foreign;
         // Bookings that have ended hold nothing any more.
         next.placed.retain(|_, p| p.end > now);
+        let snap = seen.unwrap_or_else(|| next.snapshot(now));
         *guard = Some(next);
         Ok((snap, stats))
     }

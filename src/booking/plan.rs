@@ -70,7 +70,7 @@ pub struct Fleet {
 
 /// What tenants asked for lately: (model, profile, count) of MIG bookings
 /// and (GiB, count) of shares.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Asked {
     pub profiles: Vec<(String, String, i64)>,
     pub shares: Vec<(i32, i64)>,

@@ -28,35 +28,52 @@ pub async fn horizon(db: impl PgExecutor<'_>) -> sqlx::Result<Horizon> {
 }
 
 /// One logged change: a booking of `kind` (or the kind's foreign
-/// instances, without a booking), or the fleet (`kind` = `fleet`).
+/// instances, without a booking), or the fleet (`kind` = `fleet`); for a
+/// booking, how it is now (`placed`: `None` once it holds no slot or is
+/// gone).
 #[derive(Debug, Clone)]
 pub struct Change {
     pub kind: String,
     pub booking_id: Option<i64>,
     /// Written by the reader's own (uncommitted) transaction.
     pub own: bool,
+    pub placed: Option<Placed>,
 }
 
-/// The changes of `kind` and of the fleet whose transactions had not
-/// finished at `since` (a previous [`horizon`]), with the horizon of this
-/// read, in one snapshot.
+/// In one statement (one snapshot, one round trip): the horizon of this
+/// read, the changes of `kind` and of the fleet whose transactions had not
+/// finished at `since` (a previous [`horizon`]) plus the bookings `also`
+/// (to read again), each booking as it is now.
 pub async fn changes_since(
     db: impl PgExecutor<'_>,
     kind: Kind,
     since: &str,
+    also: &[i64],
 ) -> sqlx::Result<(String, Vec<Change>)> {
     let rows = sqlx::query!(
         r#"WITH c AS (
-               SELECT DISTINCT kind, booking_id,
-                      COALESCE(xid = pg_current_xact_id_if_assigned(), FALSE) AS own
+               SELECT kind, booking_id,
+                      bool_or(COALESCE(xid = pg_current_xact_id_if_assigned(), FALSE)) AS own
                FROM placement_changes
                WHERE xid >= $2::text::xid8 AND kind IN ($1, 'fleet')
+               GROUP BY kind, booking_id
+               UNION ALL
+               SELECT $1, id, FALSE FROM unnest($3::bigint[]) id
            )
            SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "horizon!",
-                  c.kind AS "kind?", c.booking_id, c.own AS "own?"
-           FROM (SELECT 1) one LEFT JOIN c ON TRUE"#,
+                  c.kind AS "kind?", c.booking_id, c.own AS "own?",
+                  COALESCE(b.status = ANY($4) AND b.gpu_id IS NOT NULL, FALSE) AS "live!",
+                  b.gpu_id AS "gpu_id?", b.kind AS "booking_kind?: Kind", b.profile AS "profile?",
+                  lower(b.slices) AS slice_start, b.memory_gib AS "memory_gib?",
+                  extract(epoch FROM lower(b.during))::bigint AS "start?",
+                  extract(epoch FROM upper(b.during))::bigint AS "end?"
+           FROM (SELECT 1) one
+           LEFT JOIN c ON TRUE
+           LEFT JOIN bookings b ON b.id = c.booking_id"#,
         kind.as_str(),
-        since
+        since,
+        also,
+        &placed()[..]
     )
     .fetch_all(db)
     .await?;
@@ -64,10 +81,24 @@ pub async fn changes_since(
     let changes = rows
         .into_iter()
         .filter_map(|r| {
+            let placed = match (r.live, r.booking_id, r.gpu_id, r.booking_kind) {
+                (true, Some(id), Some(gpu_id), Some(kind)) => Some(Placed {
+                    id,
+                    gpu_id,
+                    kind,
+                    profile: r.profile,
+                    slice_start: r.slice_start,
+                    memory_gib: r.memory_gib.unwrap_or(0),
+                    start: r.start.unwrap_or(0),
+                    end: r.end.unwrap_or(0),
+                }),
+                _ => None,
+            };
             Some(Change {
                 kind: r.kind?,
                 booking_id: r.booking_id,
                 own: r.own.unwrap_or(false),
+                placed,
             })
         })
         .collect();
@@ -89,51 +120,6 @@ pub async fn placed_bookings(db: impl PgExecutor<'_>, kind: Kind) -> sqlx::Resul
     )
     .fetch_all(db)
     .await
-}
-
-/// Bookings `ids` as they are now: `Some` while placed and live, `None`
-/// for those that no longer hold a slot (or are gone).
-pub async fn placed_by_id(
-    db: impl PgExecutor<'_>,
-    ids: &[i64],
-) -> sqlx::Result<Vec<(i64, Option<Placed>)>> {
-    let rows = sqlx::query!(
-        r#"SELECT id, gpu_id, kind AS "kind: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib, extract(epoch FROM lower(during))::bigint AS "start!",
-                  extract(epoch FROM upper(during))::bigint AS "end!",
-                  (status = ANY($2) AND gpu_id IS NOT NULL) AS "live!"
-           FROM bookings WHERE id = ANY($1)"#,
-        ids,
-        &placed()[..]
-    )
-    .fetch_all(db)
-    .await?;
-    let mut out: Vec<(i64, Option<Placed>)> = rows
-        .into_iter()
-        .map(|r| {
-            let p = match (r.live, r.gpu_id) {
-                (true, Some(gpu_id)) => Some(Placed {
-                    id: r.id,
-                    gpu_id,
-                    kind: r.kind,
-                    profile: r.profile,
-                    slice_start: r.slice_start,
-                    memory_gib: r.memory_gib,
-                    start: r.start,
-                    end: r.end,
-                }),
-                _ => None,
-            };
-            (r.id, p)
-        })
-        .collect();
-    // Deleted bookings: gone from the index too.
-    for id in ids {
-        if !out.iter().any(|o| o.0 == *id) {
-            out.push((*id, None));
-        }
-    }
-    Ok(out)
 }
 
 /// The MIG instances made behind gpuslice's back: they hold their slots
