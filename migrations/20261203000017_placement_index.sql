@@ -2,10 +2,10 @@
 -- GPUs and placed live bookings in memory, per kind, and before a decision
 -- reads only what changed since it last looked. The changes are logged
 -- here by triggers, in the changing transaction itself, each with that
--- transaction's id: a reader asks for every change whose transaction was
--- not yet finished when it last looked (ids at or above that snapshot's
--- xmin), so a change that commits late is never skipped, and re-reading
--- a booking twice is harmless.
+-- transaction's id: a reader asks for every change its last snapshot could
+-- not see (ids from that snapshot's xmax on, and those then running), so a
+-- change that commits late is never skipped, a long transaction elsewhere
+-- costs nothing, and re-reading a booking twice is harmless.
 CREATE TABLE placement_changes (
     xid        xid8 NOT NULL DEFAULT pg_current_xact_id(),
     -- 'mig' or 'timeslice': a booking of that kind changed (booking_id),
@@ -17,12 +17,17 @@ CREATE TABLE placement_changes (
 CREATE INDEX placement_changes_xid_idx ON placement_changes (xid);
 
 -- Snapshot horizons taken by the trimming round: changes below a horizon
--- older than an hour are read by every index that is still in use (an
--- index older than half an hour reloads in full), so they go.
+-- marked an hour ago go, and `placement_change_trimmed` says how far the
+-- log has been trimmed: a reader whose last look is older loads in full.
 CREATE TABLE placement_change_marks (
     at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     horizon xid8 NOT NULL
 );
+CREATE TABLE placement_change_trimmed (
+    one   BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    below xid8 NOT NULL
+);
+INSERT INTO placement_change_trimmed (below) VALUES ('0');
 
 CREATE FUNCTION gpuslice_placement_booking_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -6,8 +6,12 @@
 --
 -- A cache, exact by versions: every statement that changes a month's
 -- rollups bumps that month's version in the same transaction, and any
--- change of tariffs (or of a metered booking's tenant, model, profile,
--- memory or kind) bumps the epoch. A month's totals are computed in one
+-- change of tariffs (or of a booking's tenant, model, profile, memory or
+-- kind, or of the daily rollup by hand) bumps the epoch. The current
+-- month's version row is written by every metering statement: metering
+-- transactions of different nodes wait for each other on it (each holds
+-- it for the rest of its short transaction; every one takes months in
+-- ascending order, so they cannot deadlock). A month's totals are computed in one
 -- snapshot together with the version and epoch they reflect, and used
 -- only while both are still current.
 
@@ -47,6 +51,8 @@ CREATE TABLE usage_month_totals (
 -- (in month order, after the rollup rows: one lock order for everyone).
 CREATE OR REPLACE FUNCTION gpuslice_usage_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- The rollup's own writes bump their months below, not the epoch.
+    PERFORM set_config('gpuslice.rolling_up', 'on', true);
     INSERT INTO usage_daily (booking_id, day, slice_seconds, gib_seconds)
     SELECT booking_id, (interval_start AT TIME ZONE 'UTC')::date, sum(slice_seconds), sum(gib_seconds)
     FROM new_rows GROUP BY 1, 2
@@ -59,13 +65,14 @@ BEGIN
     SELECT DISTINCT date_trunc('month', interval_start AT TIME ZONE 'UTC')::date, 1 FROM new_rows
     ORDER BY 1
     ON CONFLICT (month) DO UPDATE SET version = usage_month_versions.version + 1;
+    PERFORM set_config('gpuslice.rolling_up', 'off', true);
     RETURN NULL;
 END $$;
 
 -- Any other change of the rollups (a correction by hand) bumps its months too.
 CREATE FUNCTION gpuslice_usage_daily_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF pg_trigger_depth() > 1 THEN
+    IF current_setting('gpuslice.rolling_up', true) = 'on' THEN
         -- Written by the rollup trigger, which bumps the months itself.
         RETURN NULL;
     END IF;
@@ -85,7 +92,6 @@ END $$;
 CREATE TRIGGER tariffs_usage_epoch AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON tariffs
     FOR EACH STATEMENT EXECUTE FUNCTION gpuslice_usage_epoch_bump();
 CREATE TRIGGER bookings_usage_epoch AFTER UPDATE ON bookings FOR EACH ROW
-    WHEN (OLD.metered_until IS NOT NULL
-          AND (OLD.tenant_id, OLD.model, OLD.profile, OLD.memory_gib, OLD.kind)
-              IS DISTINCT FROM (NEW.tenant_id, NEW.model, NEW.profile, NEW.memory_gib, NEW.kind))
+    WHEN ((OLD.tenant_id, OLD.model, OLD.profile, OLD.memory_gib, OLD.kind)
+          IS DISTINCT FROM (NEW.tenant_id, NEW.model, NEW.profile, NEW.memory_gib, NEW.kind))
     EXECUTE FUNCTION gpuslice_usage_epoch_bump();

@@ -288,7 +288,39 @@ async fn the_change_log_is_trimmed_below_an_hour_old_mark() {
         .unwrap();
     let removed = index::trim(&app.pool).await.unwrap();
     assert_eq!(removed as i64, logged, "everything below the old mark went");
+    // The index looked before that mark: the database tells it changes it
+    // never read may be gone, so it loads in full (whatever its clock says).
+    assert!(
+        check(&app, Kind::Mig, "just after trimming")
+            .await
+            .full_reload
+    );
     let marks: i64 = app.one("SELECT count(*) FROM placement_change_marks").await;
     assert_eq!(marks, 2, "the old mark in use and this round's");
     check(&app, Kind::Mig, "after trimming").await;
+}
+
+#[tokio::test]
+async fn a_long_transaction_elsewhere_costs_the_index_nothing() {
+    let (app, who) = world().await;
+    check(&app, Kind::Mig, "empty").await;
+    // A transaction that has written something and stays open (a long
+    // export, an idle session): it holds the cluster's oldest running id.
+    let mut long = app.pool.begin().await.unwrap();
+    sqlx::query("UPDATE users SET display_name = display_name WHERE email = 'ana@uni.edu'")
+        .execute(&mut *long)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        book(&app, &who, "mig", "1g.10gb", 2).await;
+    }
+    check(&app, Kind::Mig, "three bookings").await;
+    let s = check(&app, Kind::Mig, "nothing new").await;
+    assert_eq!(
+        (s.full_reload, s.reread),
+        (false, 0),
+        "bookings already read are not read again while the long transaction runs"
+    );
+    long.commit().await.unwrap();
+    check(&app, Kind::Mig, "after it ends").await;
 }

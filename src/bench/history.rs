@@ -5,7 +5,8 @@
 //! What it makes: ended bookings of twelve tenants (`hist-01` ...
 //! `hist-12`, three people each) on the fleet's own GPUs (ten simulated
 //! nodes `history-bench-NN` of six H100-80GB in MIG mode and two L40S for
-//! shares are registered when the database has no GPU), both kinds, every MIG profile of the GPU's model
+//! shares, marked unhealthy so that no booking is ever placed on them, are
+//! registered when the database has no GPU), both kinds, every MIG profile of the GPU's model
 //! (small ones more often), shares of 4 to 24 GiB, lengths of one hour to
 //! three days (some released early), starting anywhere in the last
 //! `months` months; then one usage row per booking-minute, as the worker's
@@ -106,8 +107,8 @@ pub async fn run(pool: &PgPool, rows: u64, months: u32, seed: u64) -> Result<Mad
         let n = sqlx::query(
             "INSERT INTO usage (booking_id, interval_start, interval_end, slice_seconds, gib_seconds, utilization_pct, memory_used_mib)
              SELECT b.id, m, m + interval '1 minute', b.compute_slices * 60.0, b.memory_gib * 60.0,
-                    (abs(hashint8(b.id * 1000003 + extract(epoch FROM m)::bigint)) % 1000) / 10.0,
-                    (b.memory_gib * 1024 * (abs(hashint8(b.id)) % 90 + 10) / 100)
+                    (abs(hashint8(b.id * 1000003 + extract(epoch FROM m)::bigint)::bigint) % 1000) / 10.0,
+                    (b.memory_gib * 1024 * (abs(hashint8(b.id)::bigint) % 90 + 10) / 100)
              FROM bookings b
              CROSS JOIN LATERAL generate_series(lower(b.during), upper(b.during) - interval '1 minute', interval '1 minute') m
              WHERE b.id = ANY($1)",
@@ -188,8 +189,9 @@ async fn fleet(pool: &PgPool) -> Result<Vec<Gpu>> {
                 ("L40S-48GB", 46_068, "timeslice", false)
             };
             sqlx::query(
-                "INSERT INTO gpus (node_id, idx, uuid, model, memory_mib, mode, mig_current, mig_pending)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT DO NOTHING",
+                // Not healthy: history only, never offered to a booking.
+                "INSERT INTO gpus (node_id, idx, uuid, model, memory_mib, mode, mig_current, mig_pending, healthy)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, FALSE) ON CONFLICT DO NOTHING",
             )
             .bind(node)
             .bind(i)

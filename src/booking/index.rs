@@ -7,17 +7,19 @@
 //! writes: triggers log every change that matters to placement (a booking
 //! placed, moved, ended; a foreign instance; a GPU's mode, health or
 //! size) in the changing transaction, tagged with its transaction id. A
-//! reader remembers the horizon of its last snapshot (the oldest
-//! transaction then still running) and next time reads every change of a
-//! transaction at or above it, so a change that commits after a later one
-//! is never skipped; it then re-reads those bookings as they are now
-//! (re-reading one twice is harmless). Changes of the reader's own,
+//! reader remembers what its last snapshot could not see (transactions
+//! from its xmax on, and those then running, its own included) and next
+//! time reads exactly the changes of those transactions, so a change that
+//! commits after a later one is never skipped and a long transaction
+//! elsewhere costs nothing; it reads those bookings as they are now in the
+//! same statement (reading one twice is harmless). Changes of the reader's own,
 //! uncommitted transaction are used for its decision but not kept: the
 //! booking is re-read at the next synchronisation, after it committed or
 //! rolled back. Nothing is changed in memory until every read of a
 //! synchronisation has answered, so a cancelled request leaves the index
-//! as it was. An index that has not synchronised for half an hour
-//! reloads in full (the log keeps an hour). The advisory placement lock
+//! as it was. The log keeps an hour: an index whose last look is older
+//! than what was trimmed (the database says so) or older than half an
+//! hour by this process's clock reloads in full. The advisory placement lock
 //! and the exclusion constraint stay the guards.
 //!
 //! One index per database (keyed by the pool's connection target), shared
@@ -31,7 +33,11 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::Mutex;
 
 use super::plan::Asked;
-use crate::db::{self, bookings::Placed, fleet::Bookable};
+use crate::db::{
+    self,
+    bookings::{Placed, Unseen},
+    fleet::Bookable,
+};
 use crate::domain::booking::Kind;
 
 /// An index older than this reloads in full (the change log keeps an hour).
@@ -53,7 +59,8 @@ pub struct PlacementIndex {
 /// One kind's part of the index.
 #[derive(Debug, Clone)]
 struct KindIndex {
-    horizon: String,
+    /// What the last look could not see.
+    unseen: Unseen,
     synced: Instant,
     gpus: Vec<Bookable>,
     placed: HashMap<i64, Placed>,
@@ -160,22 +167,18 @@ impl PlacementIndex {
             .as_ref()
             .filter(|k| k.synced.elapsed() < FULL_RELOAD_AFTER);
         let Some(old) = current else {
-            let (index, own) = full_load(conn, kind).await?;
-            let snap = index.snapshot(now);
-            // A transaction that changed placement itself sees its own
-            // uncommitted changes: use them, keep none of it.
-            *guard = if own { None } else { Some(index) };
-            let stats = SyncStats {
-                full_reload: true,
-                ..Default::default()
-            };
-            return Ok((snap, stats));
+            return reload(&mut guard, conn, kind, now).await;
         };
         let also: Vec<i64> = old.dirty.iter().copied().collect();
-        let (horizon, changes) =
-            db::bookings::changes_since(&mut *conn, kind, &old.horizon, &also).await?;
+        let found = db::bookings::changes_since(&mut *conn, kind, &old.unseen, &also).await?;
+        if found.trimmed_below > old.unseen.xmin {
+            // Changes this index has not read may have been trimmed (it
+            // was away over an hour, whatever this process's clock says).
+            return reload(&mut guard, conn, kind, now).await;
+        }
+        let changes = found.changes;
         let mut next = old.clone();
-        next.horizon = horizon;
+        next.unseen = found.unseen;
         next.synced = Instant::now();
         next.dirty.clear();
         let mut own_ids = HashSet::new();
@@ -248,6 +251,24 @@ impl PlacementIndex {
     }
 }
 
+/// Loads a kind's part in full into `slot`; a transaction that changed
+/// placement itself sees its own uncommitted changes: used, none kept.
+async fn reload(
+    slot: &mut Option<KindIndex>,
+    conn: &mut PgConnection,
+    kind: Kind,
+    now: i64,
+) -> sqlx::Result<(Snapshot, SyncStats)> {
+    let (index, own) = full_load(conn, kind).await?;
+    let snap = index.snapshot(now);
+    *slot = if own { None } else { Some(index) };
+    let stats = SyncStats {
+        full_reload: true,
+        ..Default::default()
+    };
+    Ok((snap, stats))
+}
+
 fn apply(
     index: &mut KindIndex,
     reread: &[(i64, Option<Placed>)],
@@ -301,7 +322,7 @@ async fn full_load(conn: &mut PgConnection, kind: Kind) -> sqlx::Result<(KindInd
     };
     Ok((
         KindIndex {
-            horizon: h.horizon,
+            unseen: h.unseen,
             synced: Instant::now(),
             gpus,
             placed: placed.into_iter().map(|p| (p.id, p)).collect(),

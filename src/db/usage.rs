@@ -295,7 +295,11 @@ pub async fn totals(
         .unwrap_or(from);
     let months = whole_months(from, to, this_month);
     for m in &months {
-        ensure_month(pool, *m).await?;
+        // The cache only saves time: a month it could not fill is read
+        // from the daily rollup below.
+        if let Err(e) = ensure_month(pool, *m).await {
+            tracing::warn!(month = %m, error = %e, "usage month totals not cached");
+        }
     }
     // One snapshot for the cached months' validity and the rest's rows.
     let mut tx = pool.begin().await?;

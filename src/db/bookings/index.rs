@@ -1,30 +1,59 @@
 //! What the placement index reads: the change log its triggers write
-//! (migration `placement_index`), the placed bookings by id, the foreign
-//! MIG instances, and the log's trimming.
+//! (migration `placement_index`) with the bookings they name, the placed
+//! bookings of a kind, the foreign MIG instances, and the log's trimming.
 
 use sqlx::PgExecutor;
 
 use super::rules::{placed, Placed};
 use crate::domain::booking::Kind;
 
-/// Where a reader stands: the horizon of its snapshot (the oldest
-/// transaction still running, as `xid8` text) and whether its own
-/// transaction has logged changes (which are not committed yet).
+/// What a reader's snapshot could not see: transactions from `xmax` on,
+/// and those in `running` (its own included, until it commits). Its
+/// `xmin` bounds them all from below (for the trimming check). Ids are
+/// `xid8` values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unseen {
+    pub xmin: u64,
+    pub xmax: u64,
+    pub running: Vec<u64>,
+}
+
+impl Unseen {
+    fn from_text(xmin: &str, xmax: &str, running: &[String]) -> Unseen {
+        let n = |s: &str| s.parse::<u64>().unwrap_or(0);
+        Unseen {
+            xmin: n(xmin),
+            xmax: n(xmax),
+            running: running.iter().map(|r| n(r)).collect(),
+        }
+    }
+}
+
+/// Where a reader stands now, and whether its own transaction has logged
+/// changes (which are not committed yet).
 #[derive(Debug, Clone)]
 pub struct Horizon {
-    pub horizon: String,
+    pub unseen: Unseen,
     pub own_changes: bool,
 }
 
 pub async fn horizon(db: impl PgExecutor<'_>) -> sqlx::Result<Horizon> {
-    sqlx::query_as!(
-        Horizon,
-        r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "horizon!",
+    let r = sqlx::query!(
+        r#"WITH s AS (SELECT pg_current_snapshot() AS snap)
+           SELECT pg_snapshot_xmin(snap)::text AS "xmin!", pg_snapshot_xmax(snap)::text AS "xmax!",
+                  ARRAY(SELECT x::text FROM pg_snapshot_xip(snap) x
+                        UNION SELECT pg_current_xact_id_if_assigned()::text
+                              WHERE pg_current_xact_id_if_assigned() IS NOT NULL) AS "running!",
                   EXISTS (SELECT 1 FROM placement_changes
-                          WHERE xid = pg_current_xact_id_if_assigned()) AS "own_changes!""#
+                          WHERE xid = pg_current_xact_id_if_assigned()) AS "own_changes!"
+           FROM s"#
     )
     .fetch_one(db)
-    .await
+    .await?;
+    Ok(Horizon {
+        unseen: Unseen::from_text(&r.xmin, &r.xmax, &r.running),
+        own_changes: r.own_changes,
+    })
 }
 
 /// One logged change: a booking of `kind` (or the kind's foreign
@@ -40,44 +69,69 @@ pub struct Change {
     pub placed: Option<Placed>,
 }
 
-/// In one statement (one snapshot, one round trip): the horizon of this
-/// read, the changes of `kind` and of the fleet whose transactions had not
-/// finished at `since` (a previous [`horizon`]) plus the bookings `also`
-/// (to read again), each booking as it is now.
+/// What [`changes_since`] found.
+#[derive(Debug, Clone)]
+pub struct Changes {
+    /// What this read could not see (for the next one).
+    pub unseen: Unseen,
+    /// Changes below this id may have been trimmed from the log.
+    pub trimmed_below: u64,
+    pub changes: Vec<Change>,
+}
+
+/// In one statement (one snapshot, one round trip): the changes of `kind`
+/// and of the fleet that the previous read could not see (`since`), plus
+/// the bookings `also` (to read again), each booking as it is now; and
+/// what this read cannot see.
 pub async fn changes_since(
     db: impl PgExecutor<'_>,
     kind: Kind,
-    since: &str,
+    since: &Unseen,
     also: &[i64],
-) -> sqlx::Result<(String, Vec<Change>)> {
+) -> sqlx::Result<Changes> {
+    let running: Vec<String> = since.running.iter().map(u64::to_string).collect();
     let rows = sqlx::query!(
-        r#"WITH c AS (
+        r#"WITH s AS (SELECT pg_current_snapshot() AS snap),
+           c AS (
                SELECT kind, booking_id,
                       bool_or(COALESCE(xid = pg_current_xact_id_if_assigned(), FALSE)) AS own
                FROM placement_changes
-               WHERE xid >= $2::text::xid8 AND kind IN ($1, 'fleet')
+               WHERE (xid >= $2::text::xid8 OR xid = ANY($3::text[]::xid8[])) AND kind IN ($1, 'fleet')
                GROUP BY kind, booking_id
                UNION ALL
-               SELECT $1, id, FALSE FROM unnest($3::bigint[]) id
+               SELECT $1, id, FALSE FROM unnest($4::bigint[]) id
            )
-           SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "horizon!",
+           SELECT pg_snapshot_xmin(s.snap)::text AS "xmin!", pg_snapshot_xmax(s.snap)::text AS "xmax!",
+                  ARRAY(SELECT x::text FROM pg_snapshot_xip(s.snap) x
+                        UNION SELECT pg_current_xact_id_if_assigned()::text
+                              WHERE pg_current_xact_id_if_assigned() IS NOT NULL) AS "running!",
+                  COALESCE((SELECT below::text FROM placement_change_trimmed), '0') AS "trimmed_below!",
                   c.kind AS "kind?", c.booking_id, c.own AS "own?",
-                  COALESCE(b.status = ANY($4) AND b.gpu_id IS NOT NULL, FALSE) AS "live!",
+                  COALESCE(b.status = ANY($5) AND b.gpu_id IS NOT NULL, FALSE) AS "live!",
                   b.gpu_id AS "gpu_id?", b.kind AS "booking_kind?: Kind", b.profile AS "profile?",
                   lower(b.slices) AS slice_start, b.memory_gib AS "memory_gib?",
                   extract(epoch FROM lower(b.during))::bigint AS "start?",
                   extract(epoch FROM upper(b.during))::bigint AS "end?"
-           FROM (SELECT 1) one
+           FROM s
            LEFT JOIN c ON TRUE
            LEFT JOIN bookings b ON b.id = c.booking_id"#,
         kind.as_str(),
-        since,
+        since.xmax.to_string(),
+        &running,
         also,
         &placed()[..]
     )
     .fetch_all(db)
     .await?;
-    let horizon = rows.first().map(|r| r.horizon.clone()).unwrap_or_default();
+    let (unseen, trimmed_below) = rows
+        .first()
+        .map(|r| {
+            (
+                Unseen::from_text(&r.xmin, &r.xmax, &r.running),
+                r.trimmed_below.parse().unwrap_or(0),
+            )
+        })
+        .unwrap_or((since.clone(), 0));
     let changes = rows
         .into_iter()
         .filter_map(|r| {
@@ -102,7 +156,11 @@ pub async fn changes_since(
             })
         })
         .collect();
-    Ok((horizon, changes))
+    Ok(Changes {
+        unseen,
+        trimmed_below,
+        changes,
+    })
 }
 
 /// The placed live bookings of `kind` that have not ended (no foreign
@@ -137,15 +195,22 @@ pub async fn foreign_placed(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Placed>
 }
 
 /// Trims the change log: changes below the horizon marked at least an
-/// hour ago go (every index still in use has read them: one that has not
-/// synchronised for half an hour reloads in full), and this round's
-/// horizon is marked. Returns the changes removed.
+/// hour ago go (an index that looked after that mark has read them; one
+/// that did not sees `trimmed_below` past its own horizon and loads in
+/// full), and this round's horizon is marked. Returns the changes removed.
 pub async fn trim_changes(db: &sqlx::PgPool) -> sqlx::Result<u64> {
     let mut tx = db.begin().await?;
-    let removed = sqlx::query!(
-        "DELETE FROM placement_changes WHERE xid < (
+    // Readers that last looked before this horizon load in full.
+    sqlx::query!(
+        "UPDATE placement_change_trimmed SET below = GREATEST(below, (
              SELECT horizon FROM placement_change_marks
-             WHERE at <= now() - interval '1 hour' ORDER BY at DESC LIMIT 1)"
+             WHERE at <= now() - interval '1 hour' ORDER BY at DESC LIMIT 1))
+         WHERE EXISTS (SELECT 1 FROM placement_change_marks WHERE at <= now() - interval '1 hour')"
+    )
+    .execute(&mut *tx)
+    .await?;
+    let removed = sqlx::query!(
+        "DELETE FROM placement_changes WHERE xid < (SELECT below FROM placement_change_trimmed)"
     )
     .execute(&mut *tx)
     .await?
