@@ -2,7 +2,8 @@
 # Finance CSV export of 1,000,000 rows (1,000 bookings x 1,000 days) from a
 # release build of `gpuslice serve` on the embedded PostgreSQL: wall time and
 # the server's peak memory. Baseline in the same run: PostgreSQL writing the
-# same rows as CSV itself (psql \copy of the export's query to /dev/null).
+# same rows as CSV itself (psql \copy of the export's query, on the daily
+# rollup as the export reads it, to /dev/null).
 # Usage: scripts/bench-export.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,7 @@ lines=$(wc -l < "$dir/out.csv")
 size=$(du -m "$dir/out.csv" | cut -f1)
 # Baseline: the export's own query, written as CSV by PostgreSQL.
 t2=$(date +%s.%N)
-q -c "\copy (WITH days AS (SELECT u.booking_id, (u.interval_start AT TIME ZONE 'UTC')::date AS day, sum(u.slice_seconds) s, sum(u.gib_seconds) g FROM usage u GROUP BY 1, 2) SELECT d.day, t.slug, t.name, us.email, b.id, b.kind, b.model, b.profile, d.s, d.s / 3600, d.g / 3600, round(d.s::numeric / 3600 * tf.price, 2), 'EUR' FROM days d JOIN bookings b ON b.id = d.booking_id JOIN tenants t ON t.id = b.tenant_id JOIN users us ON us.id = b.user_id LEFT JOIN LATERAL (SELECT price_per_slice_hour price FROM tariffs WHERE model = b.model AND kind = b.kind AND effective_from <= d.day ORDER BY effective_from DESC LIMIT 1) tf ON TRUE ORDER BY d.day, t.slug, b.id) TO '/dev/null' CSV"
+q -c "\copy (WITH days AS (SELECT booking_id, day, slice_seconds s, gib_seconds g FROM usage_daily) SELECT d.day, t.slug, t.name, us.email, b.id, b.kind, b.model, b.profile, d.s, d.s / 3600, d.g / 3600, round(d.s::numeric / 3600 * tf.price, 2), 'EUR' FROM days d JOIN bookings b ON b.id = d.booking_id JOIN tenants t ON t.id = b.tenant_id JOIN users us ON us.id = b.user_id LEFT JOIN LATERAL (SELECT price_per_slice_hour price FROM tariffs WHERE model = b.model AND kind = b.kind AND effective_from <= d.day ORDER BY effective_from DESC LIMIT 1) tf ON TRUE ORDER BY d.day, t.slug, b.id) TO '/dev/null' CSV"
 t3=$(date +%s.%N)
 awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v l="$lines" -v s="$size" -v h0="$before" -v h1="$after" 'BEGIN {
   printf "export: %d lines (%d MiB) in %.2f s (%.0f rows/s)\n", l, s, b - a, (l - 1) / (b - a);
