@@ -22,6 +22,28 @@ fn arg(name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// The `p` quantile of sorted values (0 when there are none).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// The clients file: one "tenant-slug token" per line.
+fn read_clients(file: &str) -> Vec<(String, String)> {
+    let clients: Vec<(String, String)> = std::fs::read_to_string(file)
+        .expect("read the clients file")
+        .lines()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(t, k)| (t.to_string(), k.to_string()))
+        })
+        .collect();
+    assert!(!clients.is_empty(), "no clients in {file}");
+    clients
+}
+
 #[tokio::main]
 async fn main() {
     let url = arg("--url").expect("--url");
@@ -33,15 +55,7 @@ async fn main() {
     if mode == "rush" {
         return rush(&url, &file).await;
     }
-    let clients: Vec<(String, String)> = std::fs::read_to_string(&file)
-        .expect("read the clients file")
-        .lines()
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(t, k)| (t.to_string(), k.to_string()))
-        })
-        .collect();
-    assert!(!clients.is_empty(), "no clients in {file}");
+    let clients = read_clients(&file);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(clients.len())
         .build()
@@ -89,7 +103,7 @@ async fn main() {
     let wall = started.elapsed();
     let mut lat: Vec<f64> = all.iter().map(|(d, _)| d.as_secs_f64() * 1000.0).collect();
     lat.sort_by(f64::total_cmp);
-    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    let pct = |p: f64| percentile(&lat, p);
     let mut codes: std::collections::BTreeMap<u16, usize> = Default::default();
     for (_, s) in &all {
         *codes.entry(*s).or_default() += 1;
@@ -113,14 +127,7 @@ async fn rush(url: &str, file: &str) {
     let window_ms: u64 = arg("--window-ms")
         .and_then(|n| n.parse().ok())
         .unwrap_or(1000);
-    let clients: Vec<(String, String)> = std::fs::read_to_string(file)
-        .expect("read the clients file")
-        .lines()
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(t, k)| (t.to_string(), k.to_string()))
-        })
-        .collect();
+    let clients = read_clients(file);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(clients.len())
         .build()
@@ -182,13 +189,6 @@ async fn rush(url: &str, file: &str) {
     }
     let mut lat: Vec<f64> = all.iter().map(|a| a.0.as_secs_f64() * 1000.0).collect();
     lat.sort_by(f64::total_cmp);
-    let pct = |v: &[f64], p: f64| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
-        }
-    };
     let mut active: Vec<f64> = all
         .iter()
         .filter(|a| a.2 == "active")
@@ -204,13 +204,13 @@ async fn rush(url: &str, file: &str) {
     println!(
         "{{\"mode\": \"rush\", \"students\": {}, \"window_ms\": {window_ms}, \"post_p50_ms\": {:.1}, \"post_p99_ms\": {:.1}, \"post_max_ms\": {:.1}, \"statuses\": {}, \"final\": {}, \"to_active_p50_s\": {:.2}, \"to_active_p99_s\": {:.2}, \"polls\": {}, \"poll_errors\": {}}}",
         all.len(),
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
         lat.last().copied().unwrap_or(0.0),
         serde_json::to_string(&codes).unwrap(),
         serde_json::to_string(&finals).unwrap(),
-        pct(&active, 0.5),
-        pct(&active, 0.99),
+        percentile(&active, 0.5),
+        percentile(&active, 0.99),
         all.iter().map(|a| a.4).sum::<u32>(),
         all.iter().map(|a| a.5).sum::<u32>(),
     );

@@ -95,3 +95,34 @@ CREATE TRIGGER bookings_usage_epoch AFTER UPDATE ON bookings FOR EACH ROW
     WHEN ((OLD.tenant_id, OLD.model, OLD.profile, OLD.memory_gib, OLD.kind)
           IS DISTINCT FROM (NEW.tenant_id, NEW.model, NEW.profile, NEW.memory_gib, NEW.kind))
     EXECUTE FUNCTION gpuslice_usage_epoch_bump();
+
+-- The months whose cached totals are current.
+CREATE VIEW usage_month_current AS
+    SELECT c.month FROM usage_month_cached c
+    LEFT JOIN usage_month_versions v ON v.month = c.month
+    WHERE c.version = COALESCE(v.version, 0)
+      AND c.epoch = (SELECT version FROM usage_totals_epoch);
+
+-- The reports' groups over the booking-days of [lo, hi] (one tenant's, or
+-- all): by tenant, model and profile (or share), each day priced by the
+-- tariff in force and rounded to cents, as the CSV's rows. What
+-- `usage_month_totals` keeps per month, and what a report reads for the
+-- days no current month covers. A plain SQL function: the planner inlines it.
+CREATE FUNCTION gpuslice_usage_groups(lo date, hi date, only_tenant bigint)
+RETURNS TABLE (tenant_id bigint, model text, what text, slice_seconds float8, gib_seconds float8,
+               cost numeric, unpriced_rows bigint, bookings bigint[])
+LANGUAGE sql STABLE AS $$
+    SELECT b.tenant_id, COALESCE(b.model, ''), COALESCE(b.profile, b.memory_gib || ' GiB share'),
+           sum(d.slice_seconds), sum(d.gib_seconds),
+           COALESCE(sum(round(d.slice_seconds::numeric / 3600 * tf.price, 2)), 0),
+           count(*) FILTER (WHERE tf.price IS NULL), array_agg(DISTINCT b.id)
+    FROM usage_daily d
+    JOIN bookings b ON b.id = d.booking_id
+    LEFT JOIN LATERAL (
+        SELECT t.price_per_slice_hour AS price FROM tariffs t
+        WHERE t.model = b.model AND t.kind = b.kind AND t.effective_from <= d.day
+        ORDER BY t.effective_from DESC LIMIT 1
+    ) tf ON TRUE
+    WHERE d.day BETWEEN lo AND hi AND (only_tenant IS NULL OR b.tenant_id = only_tenant)
+    GROUP BY 1, 2, 3
+$$;

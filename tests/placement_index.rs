@@ -279,14 +279,21 @@ async fn the_change_log_is_trimmed_below_an_hour_old_mark() {
     assert!(logged > 0);
     // A mark taken now removes nothing; one from over an hour ago removes
     // what was logged before it.
-    assert_eq!(index::trim(&app.pool).await.unwrap(), 0);
+    assert_eq!(
+        gpuslice::db::bookings::trim_changes(&app.pool)
+            .await
+            .unwrap(),
+        0
+    );
     // (The horizon is cluster-wide: other tests' transactions may hold it
     // back, so the mark is given this transaction's id, above every change.)
     sqlx::query("UPDATE placement_change_marks SET at = now() - interval '61 minutes', horizon = pg_current_xact_id()")
         .execute(&app.pool)
         .await
         .unwrap();
-    let removed = index::trim(&app.pool).await.unwrap();
+    let removed = gpuslice::db::bookings::trim_changes(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(removed as i64, logged, "everything below the old mark went");
     // The index looked before that mark: the database tells it changes it
     // never read may be gone, so it loads in full (whatever its clock says).

@@ -123,7 +123,7 @@ pub(super) async fn load_fleet(
     asked: &Asked,
 ) -> sqlx::Result<Fleet> {
     let gpus = db::fleet::bookable(&mut **tx).await?;
-    let placed = db::bookings::placed_live(&mut **tx, kind).await?;
+    let placed = db::bookings::placed_live(tx, kind).await?;
     Ok(plan::fleet_of(gpus, &placed, kind, allowed_models, asked))
 }
 

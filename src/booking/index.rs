@@ -80,11 +80,11 @@ pub struct Snapshot {
     pub placed: Vec<Placed>,
 }
 
-/// How a synchronisation went (for the benchmark and the tests).
+/// How a synchronisation went (for the tests).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncStats {
     pub full_reload: bool,
-    pub changes: usize,
+    /// Bookings read again.
     pub reread: usize,
 }
 
@@ -176,7 +176,6 @@ impl PlacementIndex {
             // was away over an hour, whatever this process's clock says).
             return reload(&mut guard, conn, kind, now).await;
         }
-        let changes = found.changes;
         let mut next = old.clone();
         next.unseen = found.unseen;
         next.synced = Instant::now();
@@ -186,7 +185,7 @@ impl PlacementIndex {
         let (mut reload_foreign, mut own_foreign) =
             (std::mem::take(&mut next.dirty_foreign), false);
         let mut reread: Vec<(i64, Option<Placed>)> = Vec::new();
-        for c in changes {
+        for c in found.changes {
             match (c.kind.as_str(), c.booking_id) {
                 ("fleet", _) => {
                     reload_gpus = true;
@@ -217,7 +216,6 @@ impl PlacementIndex {
         };
         let stats = SyncStats {
             full_reload: false,
-            changes: reread.len() + usize::from(reload_gpus) + usize::from(reload_foreign),
             reread: reread.len(),
         };
         // What this decision sees: everything read, own changes included
@@ -315,7 +313,7 @@ impl KindIndex {
 async fn full_load(conn: &mut PgConnection, kind: Kind) -> sqlx::Result<(KindIndex, bool)> {
     let h = db::bookings::horizon(&mut *conn).await?;
     let gpus = db::fleet::bookable(&mut *conn).await?;
-    let placed = db::bookings::placed_bookings(&mut *conn, kind).await?;
+    let placed = db::bookings::placed_bookings(&mut *conn, Some(kind)).await?;
     let foreign = match kind {
         Kind::Mig => db::bookings::foreign_placed(&mut *conn).await?,
         Kind::Timeslice => Vec::new(),
@@ -344,9 +342,4 @@ pub async fn read_direct(conn: &mut PgConnection, kind: Kind) -> sqlx::Result<Sn
         gpus,
         placed: sorted(placed),
     })
-}
-
-/// Trims the change log (the watch loop's round).
-pub async fn trim(pool: &PgPool) -> sqlx::Result<u64> {
-    db::bookings::trim_changes(pool).await
 }

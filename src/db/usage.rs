@@ -307,10 +307,7 @@ pub async fn totals(
         .execute(&mut *tx)
         .await?;
     let valid = sqlx::query_scalar!(
-        r#"SELECT c.month AS "month!" FROM usage_month_cached c
-           LEFT JOIN usage_month_versions v ON v.month = c.month
-           WHERE c.month = ANY($1) AND c.version = COALESCE(v.version, 0)
-             AND c.epoch = (SELECT version FROM usage_totals_epoch)"#,
+        r#"SELECT month AS "month!" FROM usage_month_current WHERE month = ANY($1)"#,
         &months
     )
     .fetch_all(&mut *tx)
@@ -324,20 +321,10 @@ pub async fn totals(
                FROM usage_month_totals m
                WHERE m.month = ANY($1) AND ($4::bigint IS NULL OR m.tenant_id = $4)
                UNION ALL
-               SELECT b.tenant_id, COALESCE(b.model, ''), COALESCE(b.profile, b.memory_gib || ' GiB share'),
-                      sum(d.slice_seconds), sum(d.gib_seconds),
-                      COALESCE(sum(round(d.slice_seconds::numeric / 3600 * tf.price, 2)), 0),
-                      count(*) FILTER (WHERE tf.price IS NULL), array_agg(DISTINCT b.id)
-               FROM unnest($2::date[], $3::date[]) r(lo, hi)
-               JOIN usage_daily d ON d.day BETWEEN r.lo AND r.hi
-               JOIN bookings b ON b.id = d.booking_id
-               LEFT JOIN LATERAL (
-                   SELECT price_per_slice_hour AS price FROM tariffs
-                   WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
-                   ORDER BY effective_from DESC LIMIT 1
-               ) tf ON TRUE
-               WHERE $4::bigint IS NULL OR b.tenant_id = $4
-               GROUP BY 1, 2, 3
+               SELECT g.tenant_id, g.model, g.what, g.slice_seconds, g.gib_seconds, g.cost,
+                      g.unpriced_rows, g.bookings
+               FROM unnest($2::date[], $3::date[]) r(lo, hi),
+                    gpuslice_usage_groups(r.lo, r.hi, $4::bigint) g
            ), sums AS (
                SELECT tenant_id, model, what, sum(slice_seconds) AS s, sum(gib_seconds) AS g,
                       sum(cost) AS c, sum(unpriced_rows) AS u
@@ -431,9 +418,7 @@ async fn fill_month(pool: &PgPool, m: Date) -> sqlx::Result<()> {
     let current = sqlx::query!(
         r#"SELECT COALESCE((SELECT version FROM usage_month_versions WHERE month = $1), 0) AS "version!",
                   (SELECT version FROM usage_totals_epoch) AS "epoch!",
-                  EXISTS (SELECT 1 FROM usage_month_cached c
-                          WHERE c.month = $1 AND c.version = COALESCE((SELECT version FROM usage_month_versions WHERE month = $1), 0)
-                            AND c.epoch = (SELECT version FROM usage_totals_epoch)) AS "fresh!""#,
+                  EXISTS (SELECT 1 FROM usage_month_current WHERE month = $1) AS "fresh!""#,
         m
     )
     .fetch_one(&mut *tx)
@@ -447,19 +432,7 @@ async fn fill_month(pool: &PgPool, m: Date) -> sqlx::Result<()> {
     sqlx::query!(
         r#"INSERT INTO usage_month_totals (month, tenant_id, model, what, slice_seconds, gib_seconds, cost,
                                            unpriced_rows, bookings)
-           SELECT $1, b.tenant_id, COALESCE(b.model, ''), COALESCE(b.profile, b.memory_gib || ' GiB share'),
-                  sum(d.slice_seconds), sum(d.gib_seconds),
-                  COALESCE(sum(round(d.slice_seconds::numeric / 3600 * tf.price, 2)), 0),
-                  count(*) FILTER (WHERE tf.price IS NULL), array_agg(DISTINCT b.id)
-           FROM usage_daily d
-           JOIN bookings b ON b.id = d.booking_id
-           LEFT JOIN LATERAL (
-               SELECT price_per_slice_hour AS price FROM tariffs
-               WHERE model = b.model AND kind = b.kind AND effective_from <= d.day
-               ORDER BY effective_from DESC LIMIT 1
-           ) tf ON TRUE
-           WHERE d.day >= $1 AND d.day < ($1 + interval '1 month')::date
-           GROUP BY 2, 3, 4"#,
+           SELECT $1, g.* FROM gpuslice_usage_groups($1::date, ($1::date + interval '1 month' - interval '1 day')::date, NULL) g"#,
         m
     )
     .execute(&mut *tx)

@@ -93,7 +93,7 @@ pub async fn run(pool: PgPool, settings: Settings) {
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "usage partitions failed"),
             }
-            match crate::booking::index::trim(&pool).await {
+            match db::bookings::trim_changes(&pool).await {
                 Ok(n) if n > 0 => tracing::debug!(deleted = n, "placement change log trimmed"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "placement change log trim failed"),

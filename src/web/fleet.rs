@@ -107,7 +107,8 @@ impl Fragmentation {
 pub async fn fragmentation(pool: &sqlx::PgPool, gpus: &[Gpu]) -> sqlx::Result<Fragmentation> {
     let profiles = db::bookings::recent_profile_counts(pool).await?;
     let shapes = ShareShapes::from_counts(&db::bookings::recent_share_counts(pool).await?);
-    let live = db::bookings::placed_live(pool, Some(Kind::Timeslice)).await?;
+    let live =
+        db::bookings::placed_live(&mut *pool.acquire().await?, Some(Kind::Timeslice)).await?;
     let now = OffsetDateTime::now_utc().unix_timestamp();
     let window = Window {
         start: now,

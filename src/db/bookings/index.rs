@@ -2,7 +2,7 @@
 //! (migration `placement_index`) with the bookings they name, the placed
 //! bookings of a kind, the foreign MIG instances, and the log's trimming.
 
-use sqlx::PgExecutor;
+use sqlx::{PgConnection, PgExecutor};
 
 use super::rules::{placed, Placed};
 use crate::domain::booking::Kind;
@@ -163,17 +163,32 @@ pub async fn changes_since(
     })
 }
 
-/// The placed live bookings of `kind` that have not ended (no foreign
-/// instances).
-pub async fn placed_bookings(db: impl PgExecutor<'_>, kind: Kind) -> sqlx::Result<Vec<Placed>> {
+/// Every placed live booking (of `kind`, when given) that has not ended,
+/// with the foreign MIG instances unless only shares are asked for: what
+/// placement works with (the placement index keeps the same in memory).
+pub async fn placed_live(conn: &mut PgConnection, kind: Option<Kind>) -> sqlx::Result<Vec<Placed>> {
+    let mut placed = placed_bookings(&mut *conn, kind).await?;
+    if kind != Some(Kind::Timeslice) {
+        placed.extend(foreign_placed(&mut *conn).await?);
+    }
+    Ok(placed)
+}
+
+/// The placed live bookings (of `kind`, when given) that have not ended
+/// (no foreign instances).
+pub async fn placed_bookings(
+    db: impl PgExecutor<'_>,
+    kind: Option<Kind>,
+) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
         Placed,
         r#"SELECT id, gpu_id AS "gpu_id!", kind AS "kind: Kind", profile, lower(slices) AS slice_start,
                   memory_gib, extract(epoch FROM lower(during))::bigint AS "start!",
                   extract(epoch FROM upper(during))::bigint AS "end!"
            FROM bookings
-           WHERE status = ANY($2) AND gpu_id IS NOT NULL AND upper(during) > now() AND kind = $1"#,
-        kind.as_str(),
+           WHERE status = ANY($2) AND gpu_id IS NOT NULL AND upper(during) > now()
+             AND ($1::text IS NULL OR kind = $1)"#,
+        kind.map(Kind::as_str),
         &placed()[..]
     )
     .fetch_all(db)
@@ -181,7 +196,7 @@ pub async fn placed_bookings(db: impl PgExecutor<'_>, kind: Kind) -> sqlx::Resul
 }
 
 /// The MIG instances made behind gpuslice's back: they hold their slots
-/// for good (negative ids, as [`super::placed_live`] gives them).
+/// for good (negative ids).
 pub async fn foreign_placed(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
         Placed,

@@ -85,29 +85,6 @@ pub struct Placed {
     pub end: i64,
 }
 
-/// Every placed live booking (of `kind`, when given) that has not ended.
-pub async fn placed_live(db: impl PgExecutor<'_>, kind: Option<Kind>) -> sqlx::Result<Vec<Placed>> {
-    sqlx::query_as!(
-        Placed,
-        r#"SELECT id AS "id!", gpu_id AS "gpu_id!", kind AS "kind!: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib AS "memory_gib!", extract(epoch FROM lower(during))::bigint AS "start!",
-                  extract(epoch FROM upper(during))::bigint AS "end!"
-           FROM bookings
-           WHERE status = ANY($2)
-             AND gpu_id IS NOT NULL AND upper(during) > now() AND ($1::text IS NULL OR kind = $1)
-           UNION ALL
-           -- Instances made behind gpuslice's back hold their slots for good.
-           SELECT -f.gi_id::bigint, f.gpu_id, 'mig', f.profile, f.slice_start, 0,
-                  extract(epoch FROM f.seen_at)::bigint, 253402300799
-           FROM foreign_instances f
-           WHERE $1::text IS NULL OR $1 = 'mig'"#,
-        kind.map(Kind::as_str),
-        &placed()[..]
-    )
-    .fetch_all(db)
-    .await
-}
-
 /// The placed live bookings of one GPU that have not ended.
 pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Result<Vec<Placed>> {
     sqlx::query_as!(
