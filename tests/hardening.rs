@@ -651,6 +651,7 @@ async fn the_exec_socket_reads_one_bounded_line_in_bounded_time() {
         app.pool.clone(),
         path.clone(),
         Default::default(),
+        Default::default(),
     ));
     while !path.exists() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

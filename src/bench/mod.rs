@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod history;
 pub mod latency;
+pub mod launch;
 pub mod mig;
 pub mod replay;
 pub mod scheduler;

@@ -297,6 +297,23 @@ pub struct GpuArgs {
     /// Socket of `gpuslice exec` (default: <data dir>/exec.sock).
     #[arg(long, env = "GPUSLICE_EXEC_SOCKET")]
     pub exec_socket: Option<PathBuf>,
+    /// How time-sliced shares are enforced: auto (at the kernel-launch
+    /// layer where the shim is installed, else the freezer), launch (the
+    /// shim is required) or freezer (cgroup freezer alone).
+    #[arg(long, env = "GPUSLICE_TIMESLICE_ENFORCE", default_value = "auto", value_parser = ["auto", "launch", "freezer"])]
+    pub timeslice_enforce: String,
+    /// The launch shim `gpuslice exec` preloads (default: libgpuslice_shim.so
+    /// beside the gpuslice binary, or in /usr/lib/gpuslice).
+    #[arg(long, env = "GPUSLICE_CUDA_SHIM")]
+    pub cuda_shim: Option<PathBuf>,
+    /// GPUs (uuids, comma separated, or all) whose time-sliced shares run
+    /// under NVIDIA MPS instead (same-user inference; one fault domain).
+    #[arg(long, env = "GPUSLICE_MPS_GPUS")]
+    pub mps_gpus: Option<String>,
+    /// Where shares' launch regions live (default: shares/ beside the exec
+    /// socket); the node's users must be able to reach it.
+    #[arg(long, env = "GPUSLICE_SHARE_DIR")]
+    pub share_dir: Option<PathBuf>,
     /// What a node does by itself when a security incident on it reaches
     /// the threshold: none, end-intruders, freeze-shares (or both, comma
     /// separated). Every response is audited.
@@ -403,6 +420,17 @@ pub enum BenchCommand {
     /// achieved 4:2:1 ratio of real busy processes and the switch latency.
     Scheduler {
         /// Seconds each real-process run lasts.
+        #[arg(long, default_value_t = 15)]
+        secs: u64,
+    },
+    /// Time-sliced shares at the launch layer on the stand-in libcuda: the
+    /// 4:2:1 split of 3 and 10 busy shares with no control, the freezer
+    /// (as root) and the shim, and the shim's cost per launch.
+    Launch {
+        /// Where cuda-burn, libgpuslice_shim.so and libcuda.so.1 were built.
+        #[arg(long, default_value = "target/release")]
+        parts: PathBuf,
+        /// Seconds each split is measured.
         #[arg(long, default_value_t = 15)]
         secs: u64,
     },

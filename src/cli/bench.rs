@@ -24,6 +24,10 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             json,
         } => return bench_latency(*gpus, *bookings, *decisions, *json),
         BenchCommand::Scheduler { secs } => return crate::bench::scheduler::run(*secs),
+        BenchCommand::Launch { parts, secs } => {
+            let parts = crate::bench::launch::Parts::in_dir(parts)?;
+            return crate::bench::launch::run(&parts, *secs);
+        }
         BenchCommand::Telemetry { .. } | BenchCommand::History { .. } => {
             bail!("this benchmark needs a database")
         }

@@ -35,6 +35,8 @@ pub struct NodeSettings {
     pub telemetry_every: Duration,
     /// What the node does by itself about security incidents.
     pub security_response: crate::domain::security::Response,
+    /// How time-sliced shares are enforced (launch layer, freezer, MPS).
+    pub slicing: crate::sched::launch::TimeSlicing,
 }
 
 impl NodeSettings {
@@ -49,7 +51,50 @@ impl NodeSettings {
                 bail!("--booking-cpus: give a CPU list such as 0-15 or 0,2,4-7");
             }
         }
+        let shim = match gpu.timeslice_enforce.as_str() {
+            "freezer" => None,
+            mode => {
+                let found = match &gpu.cuda_shim {
+                    Some(p) if p.is_file() => Some(p.clone()),
+                    Some(p) => bail!("--cuda-shim: there is no file at {}", p.display()),
+                    None => crate::sched::launch::find_shim(),
+                };
+                if found.is_none() && mode == "launch" {
+                    bail!("--timeslice-enforce launch: the shim libgpuslice_shim.so is not beside the gpuslice binary or in /usr/lib/gpuslice; give its path with --cuda-shim");
+                }
+                if found.is_none() {
+                    tracing::warn!("the launch shim (libgpuslice_shim.so) is not installed: time-sliced shares are enforced by the freezer alone, which on a real GPU holds the CPU side only");
+                }
+                found
+            }
+        };
+        let mps_gpus: Vec<String> = gpu
+            .mps_gpus
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(|g| g.trim().to_string())
+            .filter(|g| !g.is_empty())
+            .collect();
+        if let Some(bad) = mps_gpus
+            .iter()
+            .find(|g| *g != "all" && !g.starts_with("GPU-"))
+        {
+            bail!("--mps-gpus: \"{bad}\" is not a GPU uuid (GPU-...) or all");
+        }
+        let share_dir = gpu.share_dir.clone().unwrap_or_else(|| {
+            gpu.exec_socket
+                .as_deref()
+                .and_then(Path::parent)
+                .unwrap_or(data_dir)
+                .join("shares")
+        });
         Ok(NodeSettings {
+            slicing: crate::sched::launch::TimeSlicing {
+                shim,
+                dir: share_dir,
+                mps_gpus,
+            },
             worker: crate::worker::bookings::Settings {
                 tick: Duration::from_millis(gpu.worker_tick_ms),
                 warn_secs: (gpu.warn_minutes * 60) as f64,
@@ -163,8 +208,11 @@ impl Node {
                 backend.clone(),
                 l.clone(),
                 worker_limits.clone(),
-                settings.share_memory_grace,
-                settings.security_response,
+                crate::sched::shares::OverMemory {
+                    grace: settings.share_memory_grace,
+                    response: settings.security_response,
+                },
+                settings.slicing.clone(),
             )));
         }
         Node {
@@ -296,6 +344,7 @@ pub fn start_workers(
         pool.clone(),
         socket,
         exec_nodes,
+        settings.slicing.clone(),
     )));
     Ok(tasks)
 }

@@ -22,6 +22,9 @@ pub struct Gpu {
     pub healthy: bool,
     pub instances: Value,
     pub requested_mode: Option<GpuMode>,
+    /// How its time-sliced shares are enforced, as its worker reported
+    /// (`launch`, `freezer`, `mps`).
+    pub share_enforcement: Option<String>,
     pub last_seen: OffsetDateTime,
     pub last_heartbeat: OffsetDateTime,
 }
@@ -117,7 +120,7 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Gpu>> {
         Gpu,
         r#"SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode",
                 g.mig_current, g.mig_pending, g.max_shares, g.healthy, g.instances,
-                g.requested_mode AS "requested_mode: GpuMode", g.last_seen, n.last_heartbeat
+                g.requested_mode AS "requested_mode: GpuMode", g.share_enforcement, g.last_seen, n.last_heartbeat
          FROM gpus g JOIN nodes n ON n.id = g.node_id
          ORDER BY n.name, g.idx"#
     )
@@ -130,12 +133,36 @@ pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Gpu> {
         Gpu,
         r#"SELECT g.id, n.name AS node, g.idx, g.uuid, g.model, g.memory_mib, g.mode AS "mode: GpuMode",
                 g.mig_current, g.mig_pending, g.max_shares, g.healthy, g.instances,
-                g.requested_mode AS "requested_mode: GpuMode", g.last_seen, n.last_heartbeat
+                g.requested_mode AS "requested_mode: GpuMode", g.share_enforcement, g.last_seen, n.last_heartbeat
          FROM gpus g JOIN nodes n ON n.id = g.node_id WHERE g.id = $1"#,
         id
     )
     .fetch_one(db)
     .await
+}
+
+/// Records how node `node`'s GPUs enforce time-sliced shares: `mps` for
+/// the uuids in `mps` (or all with `all_mps`), `default` for the others.
+pub async fn set_share_enforcement(
+    db: impl PgExecutor<'_>,
+    node: &str,
+    default: &str,
+    mps: &[String],
+    all_mps: bool,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE gpus g SET share_enforcement = CASE WHEN $4 OR g.uuid = ANY($3) THEN 'mps' ELSE $2 END
+         FROM nodes n
+         WHERE n.id = g.node_id AND n.name = $1
+           AND g.share_enforcement IS DISTINCT FROM (CASE WHEN $4 OR g.uuid = ANY($3) THEN 'mps' ELSE $2 END)",
+        node,
+        default,
+        mps,
+        all_mps
+    )
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Drains a GPU (no new bookings) or gives it back its hardware mode.

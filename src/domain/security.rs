@@ -18,6 +18,7 @@ text_enum! {
         SignInFailures = "sign_in_failures",
         TokenNewAddress = "token_new_address",
         Response = "response",
+        UnshimmedProcess = "unshimmed_process",
     }
 }
 
@@ -32,6 +33,7 @@ impl Detector {
             Detector::SignInFailures => "sign-in failures",
             Detector::TokenNewAddress => "API token from a new address",
             Detector::Response => "automatic response",
+            Detector::UnshimmedProcess => "process on a share's GPU without the launch shim",
         }
     }
 

@@ -694,7 +694,7 @@ impl GpuBackend for SimBackend {
 
     fn processes(&self, device_uuid: &str) -> Result<Vec<GpuProcess>, BackendError> {
         let lost = self.pause();
-        let observed: Vec<GpuProcess> = self
+        let mut observed: Vec<GpuProcess> = self
             .faults
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -707,6 +707,21 @@ impl GpuBackend for SimBackend {
                 used_memory_mib: 0,
             })
             .collect();
+        // Processes with a context on the stand-in libcuda's simulated GPU
+        // that were given this device, as NVML lists processes with a
+        // context (only where a test or the demo points at its state).
+        if std::env::var_os(gpuslice_cuda::standin::ENV_STATE).is_some() {
+            observed.extend(
+                gpuslice_cuda::standin::read()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|p| p.device == device_uuid)
+                    .map(|p| GpuProcess {
+                        pid: p.pid,
+                        used_memory_mib: p.mem >> 20,
+                    }),
+            );
+        }
         self.access(false, |state| {
             for g in &state.gpus {
                 if g.uuid == device_uuid {

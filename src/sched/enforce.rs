@@ -1,13 +1,21 @@
-//! Enforces one time-sliced GPU's scheduler on real cgroups: the share
-//! whose turn it is runs, every other share's group is frozen. How much of
-//! its slice a share used is the CPU time its group consumed during the
-//! slice (the simulated backend has no per-process GPU utilisation; with
-//! NVML the same place takes the processes' samples).
+//! Enforces one time-sliced GPU's scheduler, in one of two ways:
+//!
+//! - **freezer**: the share whose turn it is runs, every other share's
+//!   cgroup is frozen. How much of its slice a share used is the CPU time
+//!   its group consumed during the slice (or NVML's per-process samples
+//!   where the GPU has them). Work a frozen share queued on the GPU still
+//!   runs, so on real GPUs this holds the CPU side only;
+//! - **launch** ([`Enforcer::launch`]): every share has control and report
+//!   regions its shims read and write ([`crate::sched::launch`]); a turn
+//!   opens the running share's control region with the slice as its
+//!   GPU-time budget and closes the others', and what a share used is the
+//!   GPU time its shims measured. Nothing is frozen.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::sched::cgroup::Group;
+use crate::sched::launch::Regions;
 use crate::sched::scheduler::{GpuScheduler, Share, ShareSpec};
 
 /// Measures how many milliseconds of a slice of `slice` the processes
@@ -20,7 +28,12 @@ pub struct Enforcer {
     sampler: Option<Sampler>,
     sched: GpuScheduler,
     groups: HashMap<i64, Group>,
+    /// Launch mode: every share's regions.
+    regions: HashMap<i64, Regions>,
+    launch: bool,
     running: Option<i64>,
+    /// The running share's CPU time (freezer) or GPU time (launch) at its
+    /// slice's start, ns.
     cpu_at_start: u64,
     epoch: Instant,
     /// Freeze-then-thaw times of the switches so far (for the benchmark).
@@ -39,6 +52,8 @@ impl Enforcer {
             sampler: None,
             sched: GpuScheduler::default(),
             groups: HashMap::new(),
+            regions: HashMap::new(),
+            launch: false,
             running: None,
             cpu_at_start: 0,
             epoch: Instant::now(),
@@ -50,6 +65,55 @@ impl Enforcer {
     pub fn with_sampler(mut self, sampler: Sampler) -> Enforcer {
         self.sampler = Some(sampler);
         self
+    }
+
+    /// Enforces at the launch layer: shares are added with
+    /// [`Enforcer::add_launch`] and never frozen.
+    pub fn launch() -> Enforcer {
+        Enforcer {
+            launch: true,
+            ..Enforcer::new()
+        }
+    }
+
+    /// Whether this enforcer works at the launch layer.
+    pub fn is_launch(&self) -> bool {
+        self.launch
+    }
+
+    /// Adds a share under launch enforcement with its regions (and its
+    /// cgroup, where the node has them: its processes make it runnable).
+    /// It waits closed for its turn.
+    pub fn add_launch(&mut self, spec: ShareSpec, group: Option<Group>, regions: Regions) {
+        if !self.regions.contains_key(&spec.id) {
+            if self.running.is_some() {
+                regions.control.close();
+            }
+            self.regions.insert(spec.id, regions);
+        }
+        if let Some(g) = group {
+            self.groups.entry(spec.id).or_insert(g);
+        }
+        self.sched.add(spec);
+    }
+
+    /// Updates a share's spec (it keeps its state).
+    pub fn update(&mut self, spec: ShareSpec) {
+        self.sched.add(spec);
+    }
+
+    /// Frees report slots of the shares' processes that ended (giving
+    /// back the GPU memory they held).
+    pub fn reap(&self) {
+        for (id, r) in &self.regions {
+            let members = self.groups.get(id).map(Group::pids).unwrap_or_default();
+            r.reap(&members);
+        }
+    }
+
+    /// A share's regions (launch mode).
+    pub fn regions(&self, id: i64) -> Option<&Regions> {
+        self.regions.get(&id)
     }
 
     /// Adds a share with its group; it waits frozen for its turn when
@@ -66,10 +130,16 @@ impl Enforcer {
         self.sched.add(spec);
     }
 
-    /// Removes a share (its group is left thawed for its owner to remove).
+    /// Removes a share (its group is left thawed and its launches open for
+    /// its owner to remove).
     pub fn remove(&mut self, id: i64) {
         if let Some(g) = self.groups.remove(&id) {
-            let _ = g.thaw();
+            if !self.launch {
+                let _ = g.thaw();
+            }
+        }
+        if let Some(r) = self.regions.remove(&id) {
+            r.control.open_alone();
         }
         self.sched.remove(id);
         if self.running == Some(id) {
@@ -79,13 +149,16 @@ impl Enforcer {
 
     /// Whether the share is in this enforcer.
     pub fn has(&self, id: i64) -> bool {
-        self.groups.contains_key(&id)
+        self.sched.share(id).is_some()
     }
 
     /// Takes a share out of the scheduler without thawing it (a security
     /// response holds it frozen).
     pub fn detach(&mut self, id: i64) {
         self.groups.remove(&id);
+        if let Some(r) = self.regions.remove(&id) {
+            r.control.close();
+        }
         self.sched.remove(id);
         if self.running == Some(id) {
             self.running = None;
@@ -99,6 +172,9 @@ impl Enforcer {
     /// One step: closes the running slice, lets the scheduler choose, and
     /// freezes / thaws accordingly. Returns when to step again.
     pub fn step(&mut self) -> Instant {
+        if self.launch {
+            return self.step_launch();
+        }
         let now_ms = self.epoch.elapsed().as_millis() as u64;
         let used = self
             .running
@@ -158,6 +234,48 @@ impl Enforcer {
         self.epoch + Duration::from_millis(d.until)
     }
 
+    /// Launch mode's step: the scheduler chooses from the GPU time the
+    /// shims measured; the chosen share's control region opens with its
+    /// slice as budget, every other one is closed.
+    fn step_launch(&mut self) -> Instant {
+        use std::sync::atomic::Ordering;
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        let used_of = |r: &Regions| r.report.used_ns.load(Ordering::Acquire);
+        let used = self
+            .running
+            .and_then(|id| self.regions.get(&id))
+            .map(|r| used_of(r).saturating_sub(self.cpu_at_start) as f64 / 1e6);
+        let (groups, regions) = (&self.groups, &self.regions);
+        let d = self.sched.tick(now_ms, used, |id| {
+            groups.get(&id).is_some_and(|g| !g.pids().is_empty())
+                || regions
+                    .get(&id)
+                    .is_some_and(|r| !r.registered_alive(&[]).is_empty())
+        });
+        let t = Instant::now();
+        for (id, r) in &self.regions {
+            if Some(*id) != d.run && r.control.is_open() {
+                r.control.close();
+            }
+        }
+        if let Some(r) = d.run.and_then(|id| self.regions.get(&id)) {
+            let at = used_of(r);
+            self.cpu_at_start = at;
+            if d.alone {
+                r.control.open_alone();
+            } else {
+                let slice_ns = d.until.saturating_sub(now_ms) * 1_000_000;
+                r.control
+                    .open_turn(at, slice_ns, gpuslice_cuda::now_ns() + slice_ns);
+            }
+        }
+        if d.run != self.running && self.running.is_some() && d.run.is_some() {
+            self.switches.push(t.elapsed());
+        }
+        self.running = d.run;
+        self.epoch + Duration::from_millis(d.until)
+    }
+
     /// Runs until `deadline`, sleeping between steps.
     pub fn run_until(&mut self, deadline: Instant) {
         while Instant::now() < deadline {
@@ -173,6 +291,9 @@ impl Enforcer {
     pub fn release_all(&mut self) {
         for g in self.groups.values() {
             let _ = g.thaw();
+        }
+        for r in self.regions.values() {
+            r.control.open_alone();
         }
         self.running = None;
     }

@@ -38,6 +38,18 @@ pub struct Reply {
     /// others), where the node confines bookings.
     #[serde(default)]
     pub device_nodes: Vec<crate::sched::devices::DeviceNode>,
+    /// How a time-sliced share is enforced on this node (`launch`,
+    /// `freezer`, `mps`); `None` for MIG bookings.
+    #[serde(default)]
+    pub enforcement: Option<crate::sched::launch::Enforcement>,
+    /// The launch shim the command must run with (prepended to
+    /// `LD_PRELOAD`).
+    #[serde(default)]
+    pub preload: Option<String>,
+    /// Environment the command runs with (the shim's regions, or MPS's
+    /// limits).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 fn refuse(msg: impl Into<String>) -> Reply {
@@ -47,6 +59,9 @@ fn refuse(msg: impl Into<String>) -> Reply {
         isolated: false,
         error: Some(msg.into()),
         device_nodes: Vec::new(),
+        enforcement: None,
+        preload: None,
+        env: Vec::new(),
     }
 }
 
@@ -54,8 +69,15 @@ fn refuse(msg: impl Into<String>) -> Reply {
 /// a booking's group is created with.
 pub type Nodes = HashMap<String, Option<(Layout, Limits)>>;
 
-/// Serves the socket at `path` until the task is dropped.
-pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
+/// Serves the socket at `path` until the task is dropped; time-sliced
+/// shares are joined as `slicing` says.
+pub async fn serve(
+    pool: PgPool,
+    path: PathBuf,
+    nodes: Nodes,
+    slicing: crate::sched::launch::TimeSlicing,
+) {
+    let slicing = std::sync::Arc::new(slicing);
     // unlink and bind never follow a symlink at the path; the mode is set
     // on what bind made, never through a link planted after it.
     let _ = std::fs::remove_file(&path);
@@ -84,10 +106,15 @@ pub async fn serve(pool: PgPool, path: PathBuf, nodes: Nodes) {
             tracing::warn!("exec socket: too many connections at once; one refused");
             continue;
         };
-        let (pool, nodes, refusals) = (pool.clone(), nodes.clone(), refusals.clone());
+        let (pool, nodes, refusals, slicing) = (
+            pool.clone(),
+            nodes.clone(),
+            refusals.clone(),
+            slicing.clone(),
+        );
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = handle(&pool, &nodes, &refusals, stream).await {
+            if let Err(e) = handle(&pool, &nodes, &slicing, &refusals, stream).await {
                 tracing::warn!(error = %e, "exec request failed");
             }
         });
@@ -230,6 +257,7 @@ pub fn parse_request(line: &[u8]) -> Option<Request> {
 async fn handle(
     pool: &PgPool,
     nodes: &Nodes,
+    slicing: &crate::sched::launch::TimeSlicing,
     refusals: &std::sync::Arc<Refusals>,
     stream: UnixStream,
 ) -> anyhow::Result<()> {
@@ -246,7 +274,7 @@ async fn handle(
         Ok(read) => {
             read?;
             match parse_request(&line) {
-                Some(req) => decide(pool, nodes, refusals, req.booking, &caller).await,
+                Some(req) => decide(pool, nodes, slicing, refusals, req.booking, &caller).await,
                 None => refuse("the request is not understood; use gpuslice exec BOOKING -- CMD"),
             }
         }
@@ -260,6 +288,7 @@ async fn handle(
 async fn decide(
     pool: &PgPool,
     nodes: &Nodes,
+    slicing: &crate::sched::launch::TimeSlicing,
     refusals: &std::sync::Arc<Refusals>,
     booking: i64,
     caller: &Caller,
@@ -362,13 +391,81 @@ async fn decide(
         }
         None => false,
     };
-    Reply {
+    let mut reply = Reply {
         ok: true,
-        device: Some(device),
+        device: Some(device.clone()),
         isolated,
         error: None,
         device_nodes: if isolated { nodes_of } else { Vec::new() },
+        enforcement: None,
+        preload: None,
+        env: Vec::new(),
+    };
+    if target.kind == crate::domain::booking::Kind::Timeslice && isolated {
+        if let Err(msg) = share_launch(pool, node, slicing, booking, &device, uid, &mut reply).await
+        {
+            return refuse(msg);
+        }
     }
+    reply
+}
+
+/// Fills in how a time-sliced share's command runs: with the launch shim
+/// and its share's regions, or with its MPS limits.
+async fn share_launch(
+    pool: &PgPool,
+    node: &str,
+    slicing: &crate::sched::launch::TimeSlicing,
+    booking: i64,
+    device: &str,
+    uid: u32,
+    reply: &mut Reply,
+) -> Result<(), String> {
+    use crate::sched::launch::{self, Enforcement, Regions};
+    let shares = db::bookings::active_shares(pool, node)
+        .await
+        .map_err(|_| "the worker cannot reach its database; try again in a moment".to_string())?;
+    let Some(me) = shares.iter().find(|s| s.id == booking) else {
+        return Err(format!(
+            "booking {booking} is not an active share on {node}"
+        ));
+    };
+    let mode = slicing.mode(device);
+    reply.enforcement = Some(mode);
+    match mode {
+        Enforcement::Freezer => {}
+        Enforcement::Launch => {
+            let memory = u64::try_from(me.memory_gib).unwrap_or(0) << 30;
+            let shim = slicing.shim.as_ref().ok_or("no launch shim on this node")?;
+            Regions::ensure(&slicing.dir, booking, memory)
+                .map_err(|e| format!("cannot prepare booking {booking}'s launch regions: {e}"))?;
+            if uid != 0 {
+                Regions::give_to(&slicing.dir, booking, uid).map_err(|e| {
+                    format!("cannot hand booking {booking}'s launch region to uid {uid}: {e}")
+                })?;
+            }
+            let (control, report) = gpuslice_cuda::region::paths(&slicing.dir, booking);
+            reply.preload = Some(shim.display().to_string());
+            reply.env = vec![
+                (launch::ENV_CONTROL.into(), control.display().to_string()),
+                (launch::ENV_REPORT.into(), report.display().to_string()),
+            ];
+        }
+        Enforcement::Mps => {
+            let weights: Vec<f64> = shares
+                .iter()
+                .filter(|s| s.gpu_uuid == me.gpu_uuid)
+                .map(|s| launch::weight(s.priority))
+                .collect();
+            reply.env = launch::mps_env(
+                &slicing.mps_pipe(device),
+                launch::weight(me.priority),
+                &weights,
+                me.memory_gib,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refused `exec` calls per uid, so that a local user looping on the

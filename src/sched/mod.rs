@@ -10,6 +10,7 @@ pub mod container;
 pub mod devices;
 pub mod enforce;
 pub mod exec;
+pub mod launch;
 pub mod lockdown;
 pub mod procfs;
 pub mod scheduler;

@@ -1,8 +1,12 @@
 //! Time-sliced shares on a node: one enforcer thread per shared GPU runs
-//! its scheduler over the shares' cgroups; every few seconds their state
-//! reaches the database (the booking's `scheduler`, the tenant's QoS
-//! ledger); a share's processes that use more GPU memory than it booked
-//! are warned, then ended.
+//! its scheduler over the shares (at the launch layer through the shim's
+//! regions, or by freezing their cgroups; see [`crate::sched::launch`]);
+//! every few seconds their state reaches the database (the booking's
+//! `scheduler`, the tenant's QoS ledger); a share's processes that use
+//! more GPU memory than it booked are warned, then ended; under launch
+//! enforcement a process on the GPU without the shim is a security finding
+//! and its share is frozen. GPUs set for MPS get NVIDIA's MPS daemon
+//! instead of an enforcer.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,6 +22,7 @@ use crate::domain::booking::Status;
 use crate::gpu::GpuBackend;
 use crate::sched::cgroup::{Group, Layout};
 use crate::sched::enforce::Enforcer;
+use crate::sched::launch::{Enforcement, Regions, TimeSlicing};
 use crate::sched::scheduler::{Share, ShareSpec};
 
 /// The cgroup layout of a node's bookings, when this process may manage
@@ -35,7 +40,8 @@ pub fn layout_for(node: &str) -> Option<Layout> {
 /// What a GPU's thread runs: its shares, and those a security response
 /// holds frozen (out of the scheduler, never thawed).
 struct Update {
-    shares: Vec<(ShareSpec, Group)>,
+    /// Each share with its group and its GPU memory in bytes.
+    shares: Vec<(ShareSpec, Group, u64)>,
     held: Vec<(i64, Group)>,
 }
 
@@ -51,7 +57,13 @@ fn now_us() -> u64 {
         .unwrap_or(0)
 }
 
-fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
+/// Starts GPU `gpu`'s enforcer thread; `launch`: the share directory when
+/// its shares are enforced at the launch layer.
+fn spawn_gpu(
+    gpu: &str,
+    backend: Arc<dyn GpuBackend>,
+    launch: Option<std::path::PathBuf>,
+) -> GpuThread {
     let (tx, rx) = mpsc::channel::<Update>();
     let state = Arc::new(Mutex::new(Vec::new()));
     let out = state.clone();
@@ -71,8 +83,12 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
         Some(slice.as_secs_f64() * 1000.0 * f64::from(sm.min(100)) / 100.0)
     });
     let _ = std::thread::Builder::new().name(name).spawn(move || {
-        let mut e = Enforcer::new().with_sampler(sampler);
+        let mut e = match &launch {
+            Some(_) => Enforcer::launch(),
+            None => Enforcer::new().with_sampler(sampler),
+        };
         let mut published = Instant::now();
+        let mut reap_at = Instant::now();
         // When the running slice ends: the scheduler is stepped then, not
         // on every wake-up (that would cut slices short).
         let mut next = Instant::now();
@@ -80,7 +96,7 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
             loop {
                 match rx.try_recv() {
                     Ok(Update { shares: set, held }) => {
-                        let keep: Vec<i64> = set.iter().map(|(s, _)| s.id).collect();
+                        let keep: Vec<i64> = set.iter().map(|(s, _, _)| s.id).collect();
                         let gone: Vec<i64> = e
                             .shares()
                             .iter()
@@ -93,6 +109,9 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
                                 e.detach(id);
                             } else {
                                 e.remove(id);
+                                if let Some(dir) = &launch {
+                                    crate::sched::launch::remove(dir, id);
+                                }
                             }
                         }
                         for (_, group) in &held {
@@ -100,16 +119,34 @@ fn spawn_gpu(gpu: &str, backend: Arc<dyn GpuBackend>) -> GpuThread {
                                 let _ = group.freeze();
                             }
                         }
-                        for (spec, group) in set {
+                        for (spec, group, memory) in set {
                             // Held before, given back now: it starts thawed
                             // (`add` freezes it again while another runs).
                             if !e.has(spec.id) && group.is_frozen() {
                                 let _ = group.thaw();
                             }
-                            e.add(spec, group);
+                            match &launch {
+                                None => e.add(spec, group),
+                                Some(_) if e.has(spec.id) => {
+                                    if let Some(r) = e.regions(spec.id) {
+                                        r.control.mem_limit.store(memory, std::sync::atomic::Ordering::Release);
+                                    }
+                                    e.update(spec);
+                                }
+                                Some(dir) => match Regions::ensure(dir, spec.id, memory) {
+                                    Ok(r) => e.add_launch(spec, Some(group), r),
+                                    Err(err) => tracing::warn!(booking = spec.id, error = %err, "cannot make the share's launch regions"),
+                                },
+                            }
                         }
                     }
-                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        if reap_at.elapsed() >= Duration::from_secs(1) {
+                            e.reap();
+                            reap_at = Instant::now();
+                        }
+                        break;
+                    }
                     Err(mpsc::TryRecvError::Disconnected) => {
                         e.release_all();
                         return;
@@ -142,6 +179,8 @@ pub struct Memory {
     seen: HashMap<i64, (u64, bool)>,
     /// When a process was first seen over its share's GPU memory.
     over_since: HashMap<u32, Instant>,
+    /// Processes already reported as running without the shim.
+    unshimmed: std::collections::HashSet<u32>,
 }
 
 /// Runs the node's shares until the task is dropped (then every GPU's
@@ -152,11 +191,12 @@ pub async fn run(
     backend: Arc<dyn GpuBackend>,
     layout: Layout,
     limits: crate::sched::cgroup::Limits,
-    memory_grace: Duration,
-    response: crate::domain::security::Response,
+    over_memory: OverMemory,
+    slicing: TimeSlicing,
 ) {
     let mut threads: HashMap<String, GpuThread> = HashMap::new();
     let mut memory = Memory::default();
+    let mut mps = MpsDaemons::default();
     let layout_ref = &layout;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut n: u64 = 0;
@@ -175,7 +215,21 @@ pub async fn run(
         let held_ids = db::security::held_bookings(&pool, &node)
             .await
             .unwrap_or_default();
-        let mut by_gpu: HashMap<String, Vec<(ShareSpec, Group)>> = HashMap::new();
+        if n % 30 == 1 {
+            let default = if slicing.shim.is_some() {
+                "launch"
+            } else {
+                "freezer"
+            };
+            let all = slicing.mps_gpus.iter().any(|g| g == "all");
+            if let Err(e) =
+                db::fleet::set_share_enforcement(&pool, &node, default, &slicing.mps_gpus, all)
+                    .await
+            {
+                tracing::warn!(node = %node, error = %e, "cannot record how shares are enforced");
+            }
+        }
+        let mut by_gpu: HashMap<String, Vec<(ShareSpec, Group, u64)>> = HashMap::new();
         let mut held: HashMap<String, Vec<(i64, Group)>> = HashMap::new();
         for s in &shares {
             let group = layout.group(s.id);
@@ -202,14 +256,23 @@ pub async fn run(
                     max_slice_ms: None,
                 },
                 group,
+                u64::try_from(s.memory_gib).unwrap_or(0) << 30,
             ));
         }
+        // MPS GPUs run NVIDIA's daemon, not an enforcer.
+        for gpu in by_gpu.keys() {
+            if slicing.mode(gpu) == Enforcement::Mps {
+                mps.ensure(&slicing, gpu);
+            }
+        }
+        by_gpu.retain(|gpu, _| slicing.mode(gpu) != Enforcement::Mps);
         // GPUs without shares lose their thread (it thaws and ends).
         threads.retain(|gpu, _| by_gpu.contains_key(gpu));
         for (gpu, set) in by_gpu {
+            let launch = (slicing.mode(&gpu) == Enforcement::Launch).then(|| slicing.dir.clone());
             let t = threads
                 .entry(gpu.clone())
-                .or_insert_with(|| spawn_gpu(&gpu, backend.clone()));
+                .or_insert_with(|| spawn_gpu(&gpu, backend.clone(), launch));
             let _ = t.tx.send(Update {
                 shares: set,
                 held: held.remove(&gpu).unwrap_or_default(),
@@ -218,6 +281,25 @@ pub async fn run(
         if n.is_multiple_of(5) {
             publish(&pool, &threads, &shares, &mut memory).await;
         }
+        if slicing.shim.is_some() {
+            let launch: Vec<db::bookings::ActiveShare> = shares
+                .iter()
+                .filter(|s| {
+                    slicing.mode(&s.gpu_uuid) == Enforcement::Launch && !held_ids.contains(&s.id)
+                })
+                .cloned()
+                .collect();
+            find_unshimmed(
+                &pool,
+                &node,
+                &backend,
+                layout_ref,
+                &slicing.dir,
+                &launch,
+                &mut memory,
+            )
+            .await;
+        }
         watch_memory(
             &pool,
             &node,
@@ -225,12 +307,146 @@ pub async fn run(
             layout_ref,
             &shares,
             &mut memory,
-            OverMemory {
-                grace: memory_grace,
-                response,
-            },
+            over_memory,
         )
         .await;
+    }
+}
+
+/// Under launch enforcement, a process of a share that NVML lists on the
+/// share's GPU but that did not register with the shim (it runs without
+/// it: `LD_PRELOAD` removed, statically linked CUDA) is evidence for the
+/// security monitor, and its share is frozen until an admin closes the
+/// incident: its launches would otherwise take GPU time the scheduler
+/// cannot gate.
+pub async fn find_unshimmed(
+    pool: &PgPool,
+    node: &str,
+    backend: &Arc<dyn GpuBackend>,
+    layout: &Layout,
+    dir: &Path,
+    shares: &[db::bookings::ActiveShare],
+    memory: &mut Memory,
+) {
+    use crate::domain::security::{Detector, Suspect};
+    use crate::watch::security::{report, Report};
+    let mut gpus: Vec<&str> = shares.iter().map(|s| s.gpu_uuid.as_str()).collect();
+    gpus.sort();
+    gpus.dedup();
+    let mut on_gpu: HashMap<&str, Vec<u32>> = HashMap::new();
+    for gpu in gpus {
+        let (be, g) = (backend.clone(), gpu.to_string());
+        if let Ok(Ok(procs)) = tokio::task::spawn_blocking(move || be.processes(&g)).await {
+            on_gpu.insert(gpu, procs.iter().map(|p| p.pid).collect());
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for s in shares {
+        let Some(procs) = on_gpu.get(s.gpu_uuid.as_str()) else {
+            continue;
+        };
+        let mine = layout.group(s.id).pids();
+        let (_, report_path) = gpuslice_cuda::region::paths(dir, s.id);
+        let registered: Vec<u32> =
+            gpuslice_cuda::region::Mapped::<gpuslice_cuda::region::Report>::open(
+                &report_path,
+                false,
+            )
+            .map(|r| crate::sched::launch::registered_hosts(&r.registered(), &mine))
+            .unwrap_or_default();
+        for pid in procs
+            .iter()
+            .copied()
+            .filter(|p| mine.contains(p) && !registered.contains(p))
+        {
+            seen.insert(pid);
+            if !memory.unshimmed.insert(pid) {
+                continue;
+            }
+            let detail = format!(
+                "process {pid} ({}) runs on share {}'s GPU without the launch shim; the share is frozen",
+                crate::sched::procfs::comm(pid),
+                s.id
+            );
+            let _ = db::bookings::note(
+                pool,
+                s.id,
+                &format!("worker:{node}"),
+                Status::Active,
+                &format!("frozen: {detail} until an admin closes the security incident"),
+            )
+            .await;
+            let evidence = Report::new(Suspect::Booking(s.id), Detector::UnshimmedProcess, detail)
+                .on_node(node);
+            match report(pool, evidence).await {
+                Some(o) => {
+                    crate::worker::security::freeze_share(pool, node, s.id, o.incident_id).await
+                }
+                None => tracing::warn!(booking = s.id, pid, "cannot record the unshimmed process"),
+            }
+        }
+    }
+    memory.unshimmed.retain(|p| seen.contains(p));
+}
+
+/// NVIDIA MPS control daemons this worker started, one per GPU; they are
+/// told to quit when the worker stops.
+#[derive(Default)]
+struct MpsDaemons {
+    started: HashMap<String, std::path::PathBuf>,
+    missing_warned: bool,
+}
+
+const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
+
+impl MpsDaemons {
+    fn ensure(&mut self, slicing: &TimeSlicing, gpu: &str) {
+        if self.started.contains_key(gpu) {
+            return;
+        }
+        let (pipe, log) = (slicing.mps_pipe(gpu), slicing.mps_log(gpu));
+        if std::fs::create_dir_all(&pipe).is_err() || std::fs::create_dir_all(&log).is_err() {
+            tracing::warn!(gpu, "cannot make the MPS pipe and log directories");
+            return;
+        }
+        let status = std::process::Command::new(MPS_CONTROL)
+            .arg("-d")
+            .env("CUDA_VISIBLE_DEVICES", gpu)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &log)
+            .status();
+        match status {
+            Ok(s) if s.success() => {
+                tracing::info!(gpu, "MPS control daemon started");
+                self.started.insert(gpu.to_string(), pipe);
+            }
+            Ok(s) => tracing::warn!(gpu, status = %s, "the MPS control daemon did not start"),
+            Err(e) => {
+                if !self.missing_warned {
+                    tracing::error!(gpu, error = %e, "{MPS_CONTROL} cannot run: shares on MPS GPUs run without MPS limits; install NVIDIA's MPS or remove the GPU from GPUSLICE_MPS_GPUS");
+                    self.missing_warned = true;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for MpsDaemons {
+    fn drop(&mut self) {
+        use std::io::Write;
+        for (gpu, pipe) in &self.started {
+            let child = std::process::Command::new(MPS_CONTROL)
+                .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+                .stdin(std::process::Stdio::piped())
+                .spawn();
+            if let Ok(mut c) = child {
+                if let Some(mut stdin) = c.stdin.take() {
+                    let _ = stdin.write_all(b"quit\n");
+                }
+                let _ = c.wait();
+                tracing::info!(gpu, "MPS control daemon told to quit");
+            }
+        }
     }
 }
 
