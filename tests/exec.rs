@@ -12,8 +12,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use common::{booking_status, wait_for, Killed, SimNode, TestApp, WorkerProcess};
-use gpuslice::booking::{self, Created, Requester};
-use gpuslice::domain::booking::{BookingInput, Status};
+use gpuslice::booking::{self, Requester};
 
 /// The node's worker process with its `gpuslice exec` socket.
 struct Node(WorkerProcess);
@@ -35,7 +34,10 @@ impl Node {
 
     fn start(&self) -> Child {
         let mut cmd = self.0.command();
-        cmd.env("GPUSLICE_GRACE_SECS", "1");
+        // These shares run CPU-bound shell loops, which only the freezer
+        // holds to their turns (the launch shim gates CUDA launches).
+        cmd.env("GPUSLICE_GRACE_SECS", "1")
+            .env("GPUSLICE_TIMESLICE_ENFORCE", "freezer");
         cmd.spawn().unwrap()
     }
 
@@ -76,26 +78,7 @@ impl Node {
 }
 
 async fn share(app: &TestApp, who: &Requester, gib: i32, priority: &str) -> i64 {
-    let req = BookingInput {
-        tenant: "lab".into(),
-        kind: "timeslice".into(),
-        memory_gib: gib.to_string(),
-        priority: priority.into(),
-        hours: "1".into(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    match booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .unwrap()
-    {
-        Created::New(b) => {
-            assert_eq!(b.status, Status::Scheduled, "{b:?}");
-            b.id
-        }
-        Created::Replayed(_) => unreachable!(),
-    }
+    common::timeslice_share(app, who, gib, priority).await
 }
 
 async fn setup(tag: &str) -> (TestApp, Node, Requester, Killed) {

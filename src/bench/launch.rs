@@ -80,6 +80,10 @@ pub struct Split {
     pub worst: f64,
     /// How busy the GPU was in the window (0..1).
     pub busy: f64,
+    /// At the window's end, the most GPU work (ms) any share not running
+    /// had still queued: how long a freeze or a closed turn takes to free
+    /// the GPU of that share.
+    pub backlog_ms: f64,
 }
 
 /// A fresh state file for the stand-in (a private simulated GPU).
@@ -169,6 +173,16 @@ pub fn split(parts: &Parts, n: usize, warm: u64, secs: u64, control: &Control) -
         run(&mut e, t0 + Duration::from_secs(secs));
         let after = sample();
         let window = started.elapsed().as_secs_f64() * 1e9;
+        let now = gpuslice_cuda::now_ns();
+        let live = gpuslice_cuda::standin::read_at(&state).unwrap_or_default();
+        let running = e.running();
+        let backlog_ms = pids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| running != Some(2_000_000 + *i as i64))
+            .filter_map(|(_, p)| live.iter().find(|v| v.pid == *p))
+            .map(|v| v.last_end_ns.saturating_sub(now) as f64 / 1e6)
+            .fold(0.0, f64::max);
         e.release_all();
         let used: Vec<f64> = after
             .iter()
@@ -195,6 +209,7 @@ pub fn split(parts: &Parts, n: usize, warm: u64, secs: u64, control: &Control) -
             want,
             worst,
             busy: (sum / window).min(1.0),
+            backlog_ms,
         })
     })();
     for c in &mut children {
@@ -278,14 +293,15 @@ pub fn run(parts: &Parts, secs: u64) -> Result<()> {
             let s = split(parts, n, 3, secs, c)?;
             let shown: Vec<String> = s.got.iter().take(3).map(|g| format!("{:.3}", g)).collect();
             println!(
-                "{n} busy shares, {:<13}: worst ratio error {:5.1} %, first three parts {} (want {:.3}, {:.3}, {:.3}), GPU busy {:.0} %",
+                "{n} busy shares, {:<13}: worst ratio error {:5.1} %, first three parts {} (want {:.3}, {:.3}, {:.3}), GPU busy {:.0} %, queued work of a waiting share {:.1} ms",
                 c.name(),
                 s.worst * 100.0,
                 shown.join(", "),
                 s.want[0],
                 s.want[1],
                 s.want[2],
-                s.busy * 100.0
+                s.busy * 100.0,
+                s.backlog_ms
             );
         }
     }

@@ -165,6 +165,11 @@ impl Enforcer {
         }
     }
 
+    /// The share whose turn it is.
+    pub fn running(&self) -> Option<i64> {
+        self.running
+    }
+
     pub fn shares(&self) -> &[Share] {
         self.sched.shares()
     }

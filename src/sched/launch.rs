@@ -205,6 +205,19 @@ pub fn registered_hosts(registered: &[(u32, u64)], members: &[u32]) -> Vec<u32> 
     out
 }
 
+/// Whether the shim is mapped into process `pid`: a registration alone is
+/// not proof, since a process that registered may `exec` a program
+/// without it (same pid, same start time).
+pub fn shim_loaded(pid: u32, shim: &Path) -> bool {
+    let name = shim
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("libgpuslice_shim.so");
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| m.lines().any(|l| l.ends_with(name)))
+        .unwrap_or(false)
+}
+
 /// Removes booking `id`'s region files.
 pub fn remove(dir: &Path, id: i64) {
     let (c, r) = region::paths(dir, id);

@@ -294,7 +294,7 @@ pub async fn run(
                 &node,
                 &backend,
                 layout_ref,
-                &slicing.dir,
+                &slicing,
                 &launch,
                 &mut memory,
             )
@@ -314,8 +314,9 @@ pub async fn run(
 }
 
 /// Under launch enforcement, a process of a share that NVML lists on the
-/// share's GPU but that did not register with the shim (it runs without
-/// it: `LD_PRELOAD` removed, statically linked CUDA) is evidence for the
+/// share's GPU but that did not register with the shim, or no longer has
+/// it mapped (it runs without it: `LD_PRELOAD` removed, an `exec` after
+/// registering, statically linked CUDA) is evidence for the
 /// security monitor, and its share is frozen until an admin closes the
 /// incident: its launches would otherwise take GPU time the scheduler
 /// cannot gate.
@@ -324,11 +325,15 @@ pub async fn find_unshimmed(
     node: &str,
     backend: &Arc<dyn GpuBackend>,
     layout: &Layout,
-    dir: &Path,
+    slicing: &TimeSlicing,
     shares: &[db::bookings::ActiveShare],
     memory: &mut Memory,
 ) {
     use crate::domain::security::{Detector, Suspect};
+    let Some(shim) = slicing.shim.as_deref() else {
+        return;
+    };
+    let dir = slicing.dir.as_path();
     use crate::watch::security::{report, Report};
     let mut gpus: Vec<&str> = shares.iter().map(|s| s.gpu_uuid.as_str()).collect();
     gpus.sort();
@@ -354,11 +359,11 @@ pub async fn find_unshimmed(
             )
             .map(|r| crate::sched::launch::registered_hosts(&r.registered(), &mine))
             .unwrap_or_default();
-        for pid in procs
-            .iter()
-            .copied()
-            .filter(|p| mine.contains(p) && !registered.contains(p))
-        {
+        let unshimmed = |p: &u32| {
+            mine.contains(p)
+                && !(registered.contains(p) && crate::sched::launch::shim_loaded(*p, shim))
+        };
+        for pid in procs.iter().copied().filter(unshimmed) {
             seen.insert(pid);
             if !memory.unshimmed.insert(pid) {
                 continue;

@@ -699,3 +699,69 @@ pub async fn member(app: &TestApp, email: &str, tenant: &str) -> gpuslice::booki
         tenants: vec![(tenant_id, tenant.to_string(), false)],
     }
 }
+
+// ---- The stand-in libcuda and the launch shim ------------------------------
+
+/// Builds the stand-in `libcuda.so` / `libcuda.so.1`, `cuda-burn` and the
+/// launch shim (once per test binary) and returns the folder they are in.
+pub fn cuda_parts() -> std::path::PathBuf {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "cuda-standin",
+                "-p",
+                "gpuslice-shim",
+            ])
+            .current_dir(&root)
+            .status()
+            .expect("run cargo to build the stand-in libcuda and the shim");
+        assert!(
+            status.success(),
+            "the stand-in libcuda or the shim did not build"
+        );
+        let dir = root.join("target/debug");
+        assert!(
+            dir.join("libcuda.so.1").exists(),
+            "libcuda.so.1 beside libcuda.so"
+        );
+        dir
+    })
+    .clone()
+}
+
+/// A time-sliced share of `gib` GiB at `priority` for `who` in tenant
+/// `lab`, one hour from now (scheduled; the worker activates it).
+pub async fn timeslice_share(
+    app: &TestApp,
+    who: &gpuslice::booking::Requester,
+    gib: i32,
+    priority: &str,
+) -> i64 {
+    use gpuslice::booking::{self, Created};
+    use gpuslice::domain::booking::{BookingInput, Status};
+    let req = BookingInput {
+        tenant: "lab".into(),
+        kind: "timeslice".into(),
+        memory_gib: gib.to_string(),
+        priority: priority.into(),
+        hours: "1".into(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    match booking::create(&app.pool, who, &req, None, &Default::default())
+        .await
+        .unwrap()
+    {
+        Created::New(b) => {
+            assert_eq!(b.status, Status::Scheduled, "{b:?}");
+            b.id
+        }
+        Created::Replayed(_) => unreachable!(),
+    }
+}

@@ -28,6 +28,8 @@ pub struct Proc {
     /// GPU memory it holds, bytes.
     pub mem: AtomicU64,
     pub launches: AtomicU64,
+    /// When its last queued stretch ends (CLOCK_MONOTONIC ns).
+    pub last_end_ns: AtomicU64,
     /// `CUDA_VISIBLE_DEVICES` when it created its context (NUL-padded).
     pub device: [AtomicU8; DEVICE_LEN],
 }
@@ -74,6 +76,7 @@ pub struct ProcView {
     pub gpu_ns: u64,
     pub mem: u64,
     pub launches: u64,
+    pub last_end_ns: u64,
 }
 
 impl State {
@@ -110,6 +113,7 @@ impl State {
                     gpu_ns: p.gpu_ns.load(Ordering::Acquire),
                     mem: p.mem.load(Ordering::Acquire),
                     launches: p.launches.load(Ordering::Acquire),
+                    last_end_ns: p.last_end_ns.load(Ordering::Acquire),
                 })
             })
             .collect()

@@ -78,6 +78,7 @@ fn machine() -> Option<&'static (Mapped<State>, usize)> {
             p.gpu_ns.store(0, Ordering::Release);
             p.mem.store(0, Ordering::Release);
             p.launches.store(0, Ordering::Release);
+            p.last_end_ns.store(0, Ordering::Release);
             p.set_device(&device);
             p.ready.store(1, Ordering::Release);
             Some((state, slot))
@@ -199,6 +200,7 @@ fn launch(dur_ns: u64) -> CUresult {
     let p = &state.procs[*slot];
     p.gpu_ns.fetch_add(dur_ns, Ordering::AcqRel);
     p.launches.fetch_add(1, Ordering::AcqRel);
+    p.last_end_ns.store(end, Ordering::Release);
     CUDA_SUCCESS
 }
 
