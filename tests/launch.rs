@@ -387,11 +387,13 @@ async fn memory_is_capped_at_allocation_and_a_process_without_the_shim_is_frozen
         0
     );
     // The fleet page says how the GPU's shares are enforced.
-    assert_eq!(
-        app.one::<String>("SELECT share_enforcement FROM gpus")
-            .await,
-        "launch"
-    );
+    wait_for("the GPU's enforcement reported", || async {
+        app.one::<Option<String>>("SELECT share_enforcement FROM gpus")
+            .await
+            .as_deref()
+            == Some("launch")
+    })
+    .await;
     let _ = shimmed.0.kill();
     let _ = bare.0.kill();
     let _ = group.thaw();

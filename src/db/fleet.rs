@@ -29,6 +29,15 @@ pub struct Gpu {
     pub last_heartbeat: OffsetDateTime,
 }
 
+impl Gpu {
+    /// How its time-sliced shares are enforced, as its worker reported.
+    pub fn enforcement(&self) -> Option<crate::sched::launch::Enforcement> {
+        self.share_enforcement
+            .as_deref()
+            .and_then(crate::sched::launch::Enforcement::parse)
+    }
+}
+
 /// Registers (or refreshes) a node and returns its id.
 pub async fn heartbeat_node(
     db: impl PgExecutor<'_>,

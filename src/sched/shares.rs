@@ -215,7 +215,7 @@ pub async fn run(
         let held_ids = db::security::held_bookings(&pool, &node)
             .await
             .unwrap_or_default();
-        if n % 30 == 1 {
+        if n % 5 == 1 {
             let default = if slicing.shim.is_some() {
                 "launch"
             } else {
