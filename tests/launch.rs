@@ -394,6 +394,14 @@ async fn memory_is_capped_at_allocation_and_a_process_without_the_shim_is_frozen
             == Some("launch")
     })
     .await;
+    app.user("root@uni.edu", "admin", &[]).await;
+    let admin = app.signed_in("root@uni.edu").await;
+    let page = app.text(&admin, "/admin/fleet").await;
+    assert!(page.contains("shares enforced: launch"), "{page}");
+    assert!(
+        page.contains("kernel launches gated by the scheduler"),
+        "{page}"
+    );
     let _ = shimmed.0.kill();
     let _ = bare.0.kill();
     let _ = group.thaw();
