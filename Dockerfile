@@ -3,7 +3,8 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 # .sqlx holds the query data, so no database is needed to build.
-RUN SQLX_OFFLINE=true cargo build --release --locked --bin gpuslice
+RUN SQLX_OFFLINE=true cargo build --release --locked --bin gpuslice \
+ && cargo build --release --locked -p gpuslice-shim
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -12,6 +13,8 @@ RUN apt-get update \
  && groupadd --system --gid 10001 gpuslice \
  && useradd --system --uid 10001 --gid 10001 --home /var/lib/gpuslice --create-home gpuslice
 COPY --from=build /src/target/release/gpuslice /usr/local/bin/gpuslice
+# The launch shim `gpuslice exec` preloads into time-sliced shares.
+COPY --from=build /src/target/release/libgpuslice_shim.so /usr/lib/gpuslice/libgpuslice_shim.so
 # Numeric, so Kubernetes' runAsNonRoot can check it (the chart runs it as 10001).
 USER 10001:10001
 WORKDIR /var/lib/gpuslice

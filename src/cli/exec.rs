@@ -60,3 +60,36 @@ pub fn command_env(
     env.extend(reply.env.iter().cloned());
     env
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shim_goes_first_in_ld_preload_with_its_regions() {
+        let reply = crate::sched::exec::Reply {
+            ok: true,
+            device: Some("GPU-1".into()),
+            isolated: true,
+            error: None,
+            device_nodes: Vec::new(),
+            enforcement: Some(crate::sched::launch::Enforcement::Launch),
+            preload: Some("/usr/lib/gpuslice/libgpuslice_shim.so".into()),
+            env: vec![("GPUSLICE_SHARE_CONTROL".into(), "/s/7.control".into())],
+        };
+        let env = command_env(&reply, "GPU-1", 7, Some("libjemalloc.so".into()));
+        assert!(env.contains(&(
+            "LD_PRELOAD".into(),
+            "/usr/lib/gpuslice/libgpuslice_shim.so:libjemalloc.so".into()
+        )));
+        assert!(env.contains(&("GPUSLICE_SHARE_CONTROL".into(), "/s/7.control".into())));
+        assert!(env.contains(&("CUDA_VISIBLE_DEVICES".into(), "GPU-1".into())));
+        let freezer = crate::sched::exec::Reply {
+            preload: None,
+            env: Vec::new(),
+            ..reply
+        };
+        let env = command_env(&freezer, "GPU-1", 7, Some("libjemalloc.so".into()));
+        assert!(!env.iter().any(|(k, _)| k == "LD_PRELOAD"), "left as it was");
+    }
+}
