@@ -90,6 +90,9 @@ mod tests {
             ..reply
         };
         let env = command_env(&freezer, "GPU-1", 7, Some("libjemalloc.so".into()));
-        assert!(!env.iter().any(|(k, _)| k == "LD_PRELOAD"), "left as it was");
+        assert!(
+            !env.iter().any(|(k, _)| k == "LD_PRELOAD"),
+            "left as it was"
+        );
     }
 }
