@@ -123,14 +123,16 @@ pub async fn subject_of(db: impl PgExecutor<'_>, incident: i64) -> sqlx::Result<
 }
 
 /// Marks the incident's share frozen by the node.
-pub async fn hold(db: impl PgExecutor<'_>, incident: i64) -> sqlx::Result<()> {
-    sqlx::query!(
-        "UPDATE security_incidents SET held = true WHERE id = $1",
+pub async fn hold(db: impl PgExecutor<'_>, incident: i64) -> sqlx::Result<bool> {
+    // Only the first of several detectors' responses holds (and is
+    // audited); the others find it held.
+    let r = sqlx::query!(
+        "UPDATE security_incidents SET held = true WHERE id = $1 AND NOT held",
         incident
     )
     .execute(db)
     .await?;
-    Ok(())
+    Ok(r.rows_affected() == 1)
 }
 
 /// Open (`closed == false`) or closed incidents, latest first.

@@ -102,15 +102,6 @@ impl Enforcer {
         self.sched.add(spec);
     }
 
-    /// Frees report slots of the shares' processes that ended (giving
-    /// back the GPU memory they held).
-    pub fn reap(&self) {
-        for (id, r) in &self.regions {
-            let members = self.groups.get(id).map(Group::pids).unwrap_or_default();
-            r.reap(&members);
-        }
-    }
-
     /// A share's regions (launch mode).
     pub fn regions(&self, id: i64) -> Option<&Regions> {
         self.regions.get(&id)
@@ -243,19 +234,21 @@ impl Enforcer {
     /// shims measured; the chosen share's control region opens with its
     /// slice as budget, every other one is closed.
     fn step_launch(&mut self) -> Instant {
-        use std::sync::atomic::Ordering;
         let now_ms = self.epoch.elapsed().as_millis() as u64;
-        let used_of = |r: &Regions| r.report.used_ns.load(Ordering::Acquire);
+        // The report is its owner's to write: a figure wound back only
+        // mis-measures that share's own turn, which still ends by the clock.
+        let used_of = |r: &Regions| r.read().map_or(0, |s| s.used_ns);
         let used = self
             .running
             .and_then(|id| self.regions.get(&id))
             .map(|r| used_of(r).saturating_sub(self.cpu_at_start) as f64 / 1e6);
         let (groups, regions) = (&self.groups, &self.regions);
         let d = self.sched.tick(now_ms, used, |id| {
-            groups.get(&id).is_some_and(|g| !g.pids().is_empty())
+            let members = groups.get(&id).map(Group::pids).unwrap_or_default();
+            !members.is_empty()
                 || regions
                     .get(&id)
-                    .is_some_and(|r| !r.registered_alive(&[]).is_empty())
+                    .is_some_and(|r| !r.registered_alive(&members).is_empty())
         });
         let t = Instant::now();
         for (id, r) in &self.regions {

@@ -107,10 +107,12 @@ pub fn find_shim() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A share's two regions, mapped by the worker.
+/// A share's regions as the worker holds them: the control region mapped
+/// (its own file), the report region by path (read with `pread`: its
+/// owner may truncate it, which would fault a mapping in the worker).
 pub struct Regions {
     pub control: Mapped<Control>,
-    pub report: Mapped<Report>,
+    pub report: PathBuf,
 }
 
 /// Queued GPU time a process may hold: a fifth of the shortest slice, so a
@@ -126,17 +128,21 @@ impl Regions {
         std::fs::create_dir_all(dir)?;
         let (c, r) = region::paths(dir, id);
         let control: Mapped<Control> = Mapped::create(&c, 0o644)?;
-        let report: Mapped<Report> = Mapped::create(&r, 0o600)?;
+        if region::read_report(&r).is_err() {
+            let report: Mapped<Report> = Mapped::create(&r, 0o600)?;
+            report
+                .magic
+                .store(region::REPORT_MAGIC, std::sync::atomic::Ordering::Release);
+        }
         use std::sync::atomic::Ordering;
         control
             .magic
             .store(region::CONTROL_MAGIC, Ordering::Release);
-        report.magic.store(region::REPORT_MAGIC, Ordering::Release);
         control.mem_limit.store(memory_bytes, Ordering::Release);
         control
             .max_queued_ns
             .store(MAX_QUEUED_NS, Ordering::Release);
-        Ok(Regions { control, report })
+        Ok(Regions { control, report: r })
     }
 
     /// Lets Unix account `uid` write the report region (its shims
@@ -150,15 +156,15 @@ impl Regions {
     /// pids (`members`: the share's cgroup's processes, which a process
     /// registered from inside a container is matched against).
     pub fn registered_alive(&self, members: &[u32]) -> Vec<u32> {
-        registered_hosts(&self.report.registered(), members)
+        self.read()
+            .map(|r| registered_hosts(&r.registered, members))
+            .unwrap_or_default()
     }
 
-    /// Frees the report slots of registered processes that ended.
-    pub fn reap(&self, members: &[u32]) -> usize {
-        let live = self.report.registered();
-        let hosts = registered_hosts(&live, members);
-        self.report
-            .reap(|pid, start| hosts.iter().any(|h| same_process(*h, pid, start)))
+    /// The report region as the share's shims left it (`None`: unreadable,
+    /// which counts as nothing used and nobody registered).
+    pub fn read(&self) -> Option<region::ReportSnapshot> {
+        region::read_report(&self.report).ok()
     }
 }
 
@@ -182,7 +188,7 @@ fn same_process(host: u32, pid: u32, start: u64) -> bool {
     let Some(s) = crate::sched::procfs::start_ticks(host) else {
         return false;
     };
-    (start == 0 || s == start)
+    s == start
         && !crate::sched::procfs::ended(host)
         && (host == pid || inner_pid(host) == Some(pid))
 }
@@ -208,14 +214,25 @@ pub fn registered_hosts(registered: &[(u32, u64)], members: &[u32]) -> Vec<u32> 
 /// Whether the shim is mapped into process `pid`: a registration alone is
 /// not proof, since a process that registered may `exec` a program
 /// without it (same pid, same start time).
-pub fn shim_loaded(pid: u32, shim: &Path) -> bool {
+pub fn shim_loaded(pid: u32, shim: &Path, control: &Path) -> bool {
     let name = shim
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("libgpuslice_shim.so");
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|m| m.lines().any(|l| l.ends_with(name)))
-        .unwrap_or(false)
+    let control = control.to_string_lossy();
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    // A library replaced by an upgrade shows " (deleted)"; still loaded.
+    let paths: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(|_| l))
+        .map(|l| l.trim_end_matches(" (deleted)"))
+        .collect();
+    // The shim mapped, and this share's own control region (not a file
+    // the user made and pointed the shim at).
+    paths.iter().any(|l| l.ends_with(&format!("/{name}")))
+        && paths.iter().any(|l| l.ends_with(control.as_ref()))
 }
 
 /// Removes booking `id`'s region files.

@@ -88,7 +88,6 @@ fn spawn_gpu(
             None => Enforcer::new().with_sampler(sampler),
         };
         let mut published = Instant::now();
-        let mut reap_at = Instant::now();
         // When the running slice ends: the scheduler is stepped then, not
         // on every wake-up (that would cut slices short).
         let mut next = Instant::now();
@@ -140,13 +139,7 @@ fn spawn_gpu(
                             }
                         }
                     }
-                    Err(mpsc::TryRecvError::Empty) => {
-                        if reap_at.elapsed() >= Duration::from_secs(1) {
-                            e.reap();
-                            reap_at = Instant::now();
-                        }
-                        break;
-                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         e.release_all();
                         return;
@@ -351,17 +344,14 @@ pub async fn find_unshimmed(
             continue;
         };
         let mine = layout.group(s.id).pids();
-        let (_, report_path) = gpuslice_cuda::region::paths(dir, s.id);
-        let registered: Vec<u32> =
-            gpuslice_cuda::region::Mapped::<gpuslice_cuda::region::Report>::open(
-                &report_path,
-                false,
-            )
-            .map(|r| crate::sched::launch::registered_hosts(&r.registered(), &mine))
+        let (control_path, report_path) = gpuslice_cuda::region::paths(dir, s.id);
+        let registered: Vec<u32> = gpuslice_cuda::region::read_report(&report_path)
+            .map(|r| crate::sched::launch::registered_hosts(&r.registered, &mine))
             .unwrap_or_default();
         let unshimmed = |p: &u32| {
             mine.contains(p)
-                && !(registered.contains(p) && crate::sched::launch::shim_loaded(*p, shim))
+                && !(registered.contains(p)
+                    && crate::sched::launch::shim_loaded(*p, shim, &control_path))
         };
         for pid in procs.iter().copied().filter(unshimmed) {
             seen.insert(pid);

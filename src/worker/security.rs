@@ -269,9 +269,14 @@ pub async fn act(
 /// frozen by the node's share supervisor until an admin closes the
 /// incident.
 pub async fn freeze_share(pool: &PgPool, node: &str, booking: i64, incident: i64) {
-    if let Err(e) = db::security::hold(pool, incident).await {
-        tracing::warn!(booking, error = %e, "cannot hold the share");
-        return;
+    match db::security::hold(pool, incident).await {
+        Ok(true) => {}
+        // Already held (two detectors saw it in the same second): one response.
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!(booking, error = %e, "cannot hold the share");
+            return;
+        }
     }
     responded(
         pool,

@@ -33,9 +33,13 @@ pub type CUevent = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 
-/// `cuGetProcAddress` flags: `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`
-/// asks for the `_ptsz` / `_ptds` variants.
-pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 0;
+/// `cuGetProcAddress` flags (`CUdriverProcAddress_flags`): `DEFAULT` 0,
+/// `LEGACY_STREAM` 1 << 0, `PER_THREAD_DEFAULT_STREAM` 1 << 1 (the
+/// `_ptsz` / `_ptds` variants).
+pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1 << 0;
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+/// `CUstreamCaptureStatus`: not capturing.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 /// `CUdriverProcAddressQueryResult` (CUDA 12's `cuGetProcAddress_v2`).
 pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
@@ -107,6 +111,7 @@ pub type cuMemCreate_t = unsafe extern "C" fn(
 pub type cuMemRelease_t = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
 pub type cuCtxSynchronize_t = unsafe extern "C" fn() -> CUresult;
 pub type cuStreamSynchronize_t = unsafe extern "C" fn(CUstream) -> CUresult;
+pub type cuStreamIsCapturing_t = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
 pub type cuEventCreate_t = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 pub type cuEventRecord_t = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub type cuEventQuery_t = unsafe extern "C" fn(CUevent) -> CUresult;

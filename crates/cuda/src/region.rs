@@ -23,6 +23,8 @@ pub const CONTROL_MAGIC: u32 = 0x6773_6331; // "gsc1"
 pub const REPORT_MAGIC: u32 = 0x6773_7231; // "gsr1"
 /// Processes of one share the report tracks at once.
 pub const SLOTS: usize = 64;
+/// A slot's pid while it is being filled in.
+pub const CLAIMED: u32 = u32::MAX;
 
 /// The environment variables `gpuslice exec` hands the shim.
 pub const ENV_CONTROL: &str = "GPUSLICE_SHARE_CONTROL";
@@ -165,6 +167,11 @@ impl<T> Mapped<T> {
     pub fn fd(&self) -> std::os::fd::RawFd {
         self._file.as_raw_fd()
     }
+
+    /// The mapped file's metadata (owner, mode).
+    pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        self._file.metadata()
+    }
 }
 
 impl Control {
@@ -215,17 +222,35 @@ impl Report {
     /// `alive` says); `None`: all taken.
     pub fn register(&self, pid: u32, start_ticks: u64) -> Option<usize> {
         for (i, s) in self.slots.iter().enumerate() {
+            // Claimed first, published last: a reader never sees the pid
+            // with a previous process's start time.
             if s.pid
-                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(0, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 s.start_ticks.store(start_ticks, Ordering::Release);
                 s.mem.store(0, Ordering::Release);
                 s.used_ns.store(0, Ordering::Release);
+                s.pid.store(pid, Ordering::Release);
                 return Some(i);
             }
         }
         None
+    }
+
+    /// Gives slot `slot` back (the process ends), with its memory.
+    pub fn unregister(&self, slot: usize, pid: u32) {
+        if let Some(s) = self.slots.get(slot) {
+            let mem = s.mem.swap(0, Ordering::AcqRel);
+            let _ = self
+                .mem_used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| {
+                    Some(m.saturating_sub(mem))
+                });
+            let _ = s
+                .pid
+                .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 
     /// The registered processes: (pid, start ticks).
@@ -234,7 +259,7 @@ impl Report {
             .iter()
             .filter_map(|s| {
                 let pid = s.pid.load(Ordering::Acquire);
-                (pid != 0).then(|| (pid, s.start_ticks.load(Ordering::Acquire)))
+                (pid != 0 && pid != CLAIMED).then(|| (pid, s.start_ticks.load(Ordering::Acquire)))
             })
             .collect()
     }
@@ -246,7 +271,14 @@ impl Report {
         let mut n = 0;
         for s in &self.slots {
             let pid = s.pid.load(Ordering::Acquire);
-            if pid == 0 || alive(pid, s.start_ticks.load(Ordering::Acquire)) {
+            if pid == 0 || pid == CLAIMED || alive(pid, s.start_ticks.load(Ordering::Acquire)) {
+                continue;
+            }
+            // Taken back only if still that process's (not re-registered).
+            if s.pid
+                .compare_exchange(pid, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
                 continue;
             }
             let mem = s.mem.swap(0, Ordering::AcqRel);
@@ -303,6 +335,60 @@ impl Report {
     }
 }
 
+/// What the worker reads of a report region: by `pread`, never a mapping,
+/// since the share's owner may write (or truncate) the file and a mapping
+/// of a truncated file faults in the reader.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportSnapshot {
+    pub used_ns: u64,
+    pub mem_used: u64,
+    /// Registered processes: (pid, start ticks).
+    pub registered: Vec<(u32, u64)>,
+}
+
+/// Reads the report region at `path`; an error if it is not one (short,
+/// wrong magic).
+pub fn read_report(path: &Path) -> io::Result<ReportSnapshot> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; std::mem::size_of::<Report>()];
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags_nofollow()
+        .open(path)?;
+    f.read_exact_at(&mut buf, 0)?;
+    let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().unwrap_or([0; 4]));
+    let u64_at = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().unwrap_or([0; 8]));
+    if u32_at(std::mem::offset_of!(Report, magic)) != REPORT_MAGIC {
+        return Err(io::Error::other("not a share report region"));
+    }
+    let slots = std::mem::offset_of!(Report, slots);
+    let size = std::mem::size_of::<Slot>();
+    let registered = (0..SLOTS)
+        .filter_map(|i| {
+            let o = slots + i * size;
+            let pid = u32_at(o + std::mem::offset_of!(Slot, pid));
+            (pid != 0 && pid != CLAIMED)
+                .then(|| (pid, u64_at(o + std::mem::offset_of!(Slot, start_ticks))))
+        })
+        .collect();
+    Ok(ReportSnapshot {
+        used_ns: u64_at(std::mem::offset_of!(Report, used_ns)),
+        mem_used: u64_at(std::mem::offset_of!(Report, mem_used)),
+        registered,
+    })
+}
+
+trait NoFollow {
+    fn custom_flags_nofollow(&mut self) -> &mut Self;
+}
+
+impl NoFollow for OpenOptions {
+    fn custom_flags_nofollow(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+    }
+}
+
 /// Waits while `word` holds `expected`, at most `timeout_ns` (a futex on
 /// shared memory: the worker's wake reaches every process).
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
@@ -345,6 +431,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gpuslice-region-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let r: Mapped<Report> = Mapped::create(&dir.join("r"), 0o600).unwrap();
+        r.magic.store(REPORT_MAGIC, Ordering::Release);
         let a = r.register(11, 1);
         let b = r.register(12, 1);
         assert_eq!((a, b), (Some(0), Some(1)));
@@ -356,6 +443,9 @@ mod tests {
         assert_eq!(r.reap(|pid, _| pid != 11), 1);
         assert_eq!(r.mem_used.load(Ordering::Relaxed), 4);
         assert_eq!(r.registered(), vec![(12, 1)]);
+        let seen = read_report(&dir.join("r")).unwrap();
+        assert_eq!(seen.registered, vec![(12, 1)]);
+        assert_eq!(seen.mem_used, 4);
         r.unreserve(b, 4);
         assert_eq!(r.mem_used.load(Ordering::Relaxed), 0);
         std::fs::remove_dir_all(&dir).unwrap();

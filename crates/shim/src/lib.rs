@@ -60,6 +60,10 @@ fn real_dlsym() -> DlsymFn {
                 break;
             }
         }
+        if p.is_null() {
+            eprintln!("gpuslice shim: cannot find glibc's dlsym; refusing to run");
+            std::process::abort();
+        }
         GPUSLICE_REAL_DLSYM.store(p, Ordering::Release);
     }
     // SAFETY: glibc's dlsym has this signature; a missing one is fatal
@@ -227,14 +231,20 @@ struct Share {
 
 static SHARE: OnceLock<Option<Share>> = OnceLock::new();
 
+/// A running process's start time (clock ticks since boot); `None`:
+/// ended, a zombie, or not visible from here.
+fn proc_start(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = s.rsplit_once(") ")?;
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z") | Some("X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
 fn start_ticks() -> u64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(19)?.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_start(std::process::id()).unwrap_or(0)
 }
 
 fn share() -> Option<&'static Share> {
@@ -245,8 +255,23 @@ fn share() -> Option<&'static Share> {
             let opened = Mapped::<Control>::open(control.as_ref(), false).and_then(|c| {
                 Mapped::<Report>::open(report.as_ref(), true).map(|r| (c, r))
             });
+            // The control region must be the worker's: root's, written by
+            // no one else (a user's own file could grant any budget).
+            let opened = opened.and_then(|(c, r)| {
+                use std::os::unix::fs::MetadataExt;
+                let m = c.metadata()?;
+                if m.uid() != 0 || m.mode() & 0o022 != 0 {
+                    return Err(std::io::Error::other(
+                        "the control region is not the worker's (root's, not writable by others)",
+                    ));
+                }
+                Ok((c, r))
+            });
             match opened {
                 Ok((control, report)) => {
+                    // Processes of the share that ended give their slots
+                    // and memory back (the worker only reads the report).
+                    report.reap(|pid, start| proc_start(pid) == Some(start));
                     let slot = report.register(std::process::id(), start_ticks());
                     if slot.is_none() {
                         eprintln!("gpuslice shim: the share has no free process slot; this process is not registered and the worker will freeze it");
@@ -277,6 +302,19 @@ extern "C" fn on_load() {
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
 
+/// Gives the process's slot and memory back when it exits normally.
+extern "C" fn on_unload() {
+    if let Some(Some(s)) = SHARE.get() {
+        if let Some(slot) = s.slot {
+            s.report.unregister(slot, std::process::id());
+        }
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;
+
 // ---------------------------------------------------------------------
 // Launches.
 
@@ -289,6 +327,8 @@ struct Events {
     sync: cuEventSynchronize_t,
     elapsed: cuEventElapsedTime_t,
     destroy: cuEventDestroy_t,
+    /// `cuStreamIsCapturing` where the driver has it.
+    capturing: Option<cuStreamIsCapturing_t>,
 }
 
 fn driver_fn(name: &CStr, ptds: bool) -> *mut c_void {
@@ -332,6 +372,8 @@ fn events() -> Option<&'static Events> {
                 sync: std::mem::transmute(get(c"cuEventSynchronize", false)?),
                 elapsed: std::mem::transmute(get(c"cuEventElapsedTime", false)?),
                 destroy: std::mem::transmute(get(c"cuEventDestroy", false)?),
+                capturing: get(c"cuStreamIsCapturing", false)
+                    .map(|p| std::mem::transmute::<*mut c_void, cuStreamIsCapturing_t>(p)),
             })
         }
     })
@@ -414,12 +456,24 @@ impl Queue {
         }
         while let Some(p) = self.pending.front() {
             // SAFETY: a live event of this queue.
-            if unsafe { (ev.query)(p.end) } != CUDA_SUCCESS {
+            let state = unsafe { (ev.query)(p.end) };
+            if state == CUDA_ERROR_NOT_READY {
                 break;
             }
             let Some(p) = self.pending.pop_front() else {
                 break;
             };
+            if state != CUDA_SUCCESS {
+                // A failed context or a lost event: the launch is not
+                // waited for nor measured (waiting would never end).
+                if let Some(s) = p.start {
+                    self.recycle(s, ev);
+                }
+                if let Some(old) = self.prev_end.take() {
+                    self.recycle(old, ev);
+                }
+                continue;
+            }
             let base = p.start.or(self.prev_end);
             let mut ms: f32 = 0.0;
             if let Some(b) = base {
@@ -450,6 +504,16 @@ fn gated(stream: CUstream, ptds: bool, launch: impl FnOnce() -> CUresult) -> CUr
     let (Some(share), Some(ev)) = (share(), events()) else {
         return launch();
     };
+    // A launch into a stream being captured into a graph does not run now
+    // (its graph's launch is gated), and events cannot be recorded there.
+    if let Some(capturing) = ev.capturing {
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the launch's stream and a live out-pointer.
+        let r = unsafe { capturing(stream, &mut status) };
+        if r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE {
+            return launch();
+        }
+    }
     let control = &share.control;
     let mut q = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
     q.retire(ev, share, false);
