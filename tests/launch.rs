@@ -314,6 +314,40 @@ async fn memory_is_capped_at_allocation_and_a_process_without_the_shim_is_frozen
     let within = burn_once(&node, id, &["--alloc-mib", "6000"]);
     assert_eq!(within["alloc"], "ok", "{within}");
 
+    // A container of the share gets the shim and its regions.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["exec", &other.to_string(), "--docker-args", "--socket"])
+        .arg(node.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docker = String::from_utf8_lossy(&out.stdout).to_string();
+    let parent = format!(
+        "--cgroup-parent=/gpuslice-{}/booking-{other}",
+        node.worker.name
+    );
+    assert!(docker.contains(&parent), "{docker}");
+    assert!(
+        docker.contains("-e LD_PRELOAD=/usr/lib/gpuslice/libgpuslice_shim.so"),
+        "{docker}"
+    );
+    assert!(docker.contains(&format!("{other}.control:")), "{docker}");
+    assert!(docker.contains("GPUSLICE_SHARE_REPORT="), "{docker}");
+    let page = app
+        .text(
+            &app.signed_in("ana@uni.edu").await,
+            &format!("/bookings/{other}"),
+        )
+        .await;
+    assert!(
+        page.contains(&format!("$(gpuslice exec --docker-args {other})")),
+        "{page}"
+    );
+
     // A shimmed process in the other share runs on.
     let mut shimmed = Killed(
         node.exec(

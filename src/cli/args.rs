@@ -97,8 +97,14 @@ pub enum Command {
         /// /dev holding only the booking's device files.
         #[arg(long, value_parser = ["pid"])]
         isolate: Option<String>,
+        /// Print the `docker run` arguments (before the image) that put a
+        /// container into the booking, the launch shim and its share's
+        /// regions included: `docker run --rm $(gpuslice exec --docker-args
+        /// ID) IMAGE CMD`.
+        #[arg(long, conflicts_with = "isolate")]
+        docker_args: bool,
         /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true)]
+        #[arg(last = true, required_unless_present = "docker_args")]
         cmd: Vec<String>,
     },
     /// Exits 0 when the server answers `GET /healthz` with 200 within 3 s

@@ -36,6 +36,23 @@ pub fn exec(socket: &std::path::Path, booking: i64, cmd: &[String], isolate: boo
     bail!("cannot run {}: {err}", cmd[0])
 }
 
+/// `gpuslice exec --docker-args`: prints the container arguments the
+/// worker gave, on one line (for `$(...)` in a shell).
+pub fn docker_args(socket: &std::path::Path, booking: i64) -> Result<()> {
+    let reply = crate::sched::exec::request(socket, booking).map_err(|e| anyhow!(e))?;
+    if !reply.ok {
+        bail!(
+            "{}",
+            reply.error.unwrap_or_else(|| "the worker refused".into())
+        );
+    }
+    if reply.docker_args.is_empty() {
+        bail!("booking {booking} has no container arguments on this node (no cgroups)");
+    }
+    println!("{}", reply.docker_args.join(" "));
+    Ok(())
+}
+
 /// The environment CMD runs with: its device, its booking and, for a
 /// time-sliced share, the launch shim first in `LD_PRELOAD` with its
 /// share's regions (or MPS's limits).
@@ -76,7 +93,25 @@ mod tests {
             enforcement: Some(crate::sched::launch::Enforcement::Launch),
             preload: Some("/usr/lib/gpuslice/libgpuslice_shim.so".into()),
             env: vec![("GPUSLICE_SHARE_CONTROL".into(), "/s/7.control".into())],
+            docker_args: Vec::new(),
         };
+        let docker = crate::sched::exec::docker_args("n1", 7, "GPU-1", &reply);
+        assert_eq!(
+            docker,
+            [
+                "--cgroup-parent=/gpuslice-n1/booking-7",
+                "--gpus",
+                "\"device=GPU-1\"",
+                "-v",
+                "/usr/lib/gpuslice/libgpuslice_shim.so:/usr/lib/gpuslice/libgpuslice_shim.so:ro",
+                "-e",
+                "LD_PRELOAD=/usr/lib/gpuslice/libgpuslice_shim.so",
+                "-v",
+                "/s/7.control:/s/7.control:ro",
+                "-e",
+                "GPUSLICE_SHARE_CONTROL=/s/7.control",
+            ]
+        );
         let env = command_env(&reply, "GPU-1", 7, Some("libjemalloc.so".into()));
         assert!(env.contains(&(
             "LD_PRELOAD".into(),

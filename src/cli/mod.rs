@@ -80,6 +80,7 @@ pub fn exec_command(cli: &Cli) -> Result<()> {
         booking,
         socket,
         isolate,
+        docker_args,
         cmd,
     } = &cli.command
     else {
@@ -88,6 +89,9 @@ pub fn exec_command(cli: &Cli) -> Result<()> {
     let socket = socket
         .clone()
         .unwrap_or_else(|| cli.data_dir.join("exec.sock"));
+    if *docker_args {
+        return exec::docker_args(&socket, *booking);
+    }
     exec::exec(&socket, *booking, cmd, isolate.is_some())
 }
 

@@ -50,6 +50,10 @@ pub struct Reply {
     /// limits).
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// `docker run` arguments (before the image) that put a container
+    /// into the booking with the same environment (`--docker-args`).
+    #[serde(default)]
+    pub docker_args: Vec<String>,
 }
 
 fn refuse(msg: impl Into<String>) -> Reply {
@@ -62,6 +66,7 @@ fn refuse(msg: impl Into<String>) -> Reply {
         enforcement: None,
         preload: None,
         env: Vec::new(),
+        docker_args: Vec::new(),
     }
 }
 
@@ -400,6 +405,7 @@ async fn decide(
         enforcement: None,
         preload: None,
         env: Vec::new(),
+        docker_args: Vec::new(),
     };
     if target.kind == crate::domain::booking::Kind::Timeslice && isolated {
         if let Err(msg) = share_launch(pool, node, slicing, booking, &device, uid, &mut reply).await
@@ -407,7 +413,53 @@ async fn decide(
             return refuse(msg);
         }
     }
+    if isolated {
+        reply.docker_args = docker_args(node, booking, &device, &reply);
+    }
     reply
+}
+
+/// Where a container finds the shim (the image path of gpuslice's own
+/// image; the node's file is mounted there).
+pub const CONTAINER_SHIM: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
+
+/// The container's `docker run` arguments: into the booking's cgroup with
+/// its device, and for a share under launch enforcement the shim and the
+/// share's regions mounted at the same paths and preloaded (under MPS: the
+/// pipe directory, the host's IPC namespace and the MPS limits).
+pub fn docker_args(node: &str, booking: i64, device: &str, reply: &Reply) -> Vec<String> {
+    let mut args = crate::sched::container::docker_args(node, booking, device);
+    match reply.enforcement {
+        Some(crate::sched::launch::Enforcement::Launch) => {
+            if let Some(shim) = &reply.preload {
+                args.extend(["-v".into(), format!("{shim}:{CONTAINER_SHIM}:ro")]);
+                args.extend(["-e".into(), format!("LD_PRELOAD={CONTAINER_SHIM}")]);
+            }
+            for (k, v) in &reply.env {
+                let mode = if k == crate::sched::launch::ENV_CONTROL {
+                    ":ro"
+                } else {
+                    ""
+                };
+                args.extend(["-v".into(), format!("{v}:{v}{mode}")]);
+            }
+        }
+        Some(crate::sched::launch::Enforcement::Mps) => {
+            args.push("--ipc=host".into());
+            if let Some((_, pipe)) = reply
+                .env
+                .iter()
+                .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+            {
+                args.extend(["-v".into(), format!("{pipe}:{pipe}")]);
+            }
+        }
+        _ => {}
+    }
+    for (k, v) in &reply.env {
+        args.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    args
 }
 
 /// Fills in how a time-sliced share's command runs: with the launch shim
