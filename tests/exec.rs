@@ -94,24 +94,13 @@ async fn setup(tag: &str) -> (TestApp, Node, Requester, Killed) {
         .unwrap();
     let node = Node::new(&app, tag);
     let worker = Killed(node.start());
-    wait_for("the worker's GPU", || async {
-        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
-    })
-    .await;
+    common::gpus_seen(&app, 1).await;
     let who = common::member(&app, "ana@uni.edu", "lab").await;
     (app, node, who, worker)
 }
 
 fn skip_without_cgroups(node: &Node, test: &str) -> bool {
-    if node.layout().is_some() {
-        return false;
-    }
-    let why = "not root, or no cgroup freezer under /sys/fs/cgroup";
-    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
-        panic!("cgroup test {test} required but {why}");
-    }
-    common::skipped(&format!("cgroup part of {test}"), why);
-    true
+    common::skip_without_cgroups(node.layout().is_some(), &format!("cgroup part of {test}"))
 }
 
 #[tokio::test]

@@ -89,15 +89,10 @@ impl Node {
 }
 
 fn skip_without_cgroups(node: &Node, test: &str) -> bool {
-    if node.layout().is_some() {
-        return false;
-    }
-    let why = "not root, or no cgroup freezer under /sys/fs/cgroup";
-    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
-        panic!("cgroup test {test} required but {why}");
-    }
-    common::skipped(&format!("launch-layer test {test}"), why);
-    true
+    common::skip_without_cgroups(
+        node.layout().is_some(),
+        &format!("launch-layer test {test}"),
+    )
 }
 
 async fn setup(tag: &str) -> (TestApp, Node, Requester) {
@@ -111,13 +106,6 @@ async fn setup(tag: &str) -> (TestApp, Node, Requester) {
     let node = Node::new(&app, tag);
     let who = common::member(&app, "ana@uni.edu", "lab").await;
     (app, node, who)
-}
-
-async fn gpu_seen(app: &TestApp) {
-    wait_for("the worker's GPU", || async {
-        app.one::<i64>("SELECT count(*) FROM gpus").await == 1
-    })
-    .await;
 }
 
 async fn active(app: &TestApp, ids: &[i64]) {
@@ -167,7 +155,7 @@ async fn three_shares_split_4_2_1_with_the_shim_and_evenly_without_it() {
         .await
         .unwrap();
     let worker = node.start("launch");
-    gpu_seen(&app).await;
+    common::gpus_seen(&app, 1).await;
     let mut ids = Vec::new();
     for p in ["high", "normal", "low"] {
         ids.push(common::timeslice_share(&app, &who, 8, p).await);
@@ -302,7 +290,7 @@ async fn memory_is_capped_at_allocation_and_a_process_without_the_shim_is_frozen
     }
     let layout = node.layout().unwrap();
     let worker = node.start("launch");
-    gpu_seen(&app).await;
+    common::gpus_seen(&app, 1).await;
     let id = common::timeslice_share(&app, &who, 8, "normal").await;
     let other = common::timeslice_share(&app, &who, 8, "normal").await;
     active(&app, &[id, other]).await;

@@ -765,3 +765,26 @@ pub async fn timeslice_share(
         Created::Replayed(_) => unreachable!(),
     }
 }
+
+/// Whether a cgroup test must skip: `has` says the node has booking
+/// cgroups; without, `what` is skipped loudly (or fails where
+/// `GPUSLICE_REQUIRE_CGROUPS` is set).
+pub fn skip_without_cgroups(has: bool, what: &str) -> bool {
+    if has {
+        return false;
+    }
+    let why = "not root, or no cgroup freezer under /sys/fs/cgroup";
+    if std::env::var_os("GPUSLICE_REQUIRE_CGROUPS").is_some() {
+        panic!("{what} required but {why}");
+    }
+    skipped(what, why);
+    true
+}
+
+/// Waits until the workers registered `n` GPUs.
+pub async fn gpus_seen(app: &TestApp, n: i64) {
+    wait_for("the worker's GPU", || async {
+        app.one::<i64>("SELECT count(*) FROM gpus").await == n
+    })
+    .await;
+}

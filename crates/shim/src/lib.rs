@@ -759,6 +759,19 @@ fn capped(bytes: u64, handle: bool, alloc: impl FnOnce() -> (CUresult, u64)) -> 
     r
 }
 
+/// `capped` for the calls that return a device pointer through `dptr`.
+unsafe fn capped_ptr(
+    dptr: *mut CUdeviceptr,
+    bytes: u64,
+    alloc: impl FnOnce() -> CUresult,
+) -> CUresult {
+    capped(bytes, false, || {
+        let r = alloc();
+        // SAFETY: the driver wrote `dptr` (or left it) during `alloc`.
+        (r, unsafe { dptr.as_ref() }.copied().unwrap_or(0))
+    })
+}
+
 /// Gives back what `capped` reserved for `key` once the driver freed it.
 fn released(r: CUresult, handle: bool, key: u64) -> CUresult {
     if r == CUDA_SUCCESS {
@@ -779,10 +792,7 @@ fn released(r: CUresult, handle: bool, key: u64) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     let real = real!(Hook::MemAlloc, cuMemAlloc_t);
-    capped(bytes as u64, false, || unsafe {
-        let r = real(dptr, bytes);
-        (r, dptr.as_ref().copied().unwrap_or(0))
-    })
+    capped_ptr(dptr, bytes as u64, || unsafe { real(dptr, bytes) })
 }
 
 #[no_mangle]
@@ -794,9 +804,8 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem: c_uint,
 ) -> CUresult {
     let real = real!(Hook::MemAllocPitch, cuMemAllocPitch_t);
-    capped(width.saturating_mul(height) as u64, false, || unsafe {
-        let r = real(dptr, pitch, width, height, elem);
-        (r, dptr.as_ref().copied().unwrap_or(0))
+    capped_ptr(dptr, width.saturating_mul(height) as u64, || unsafe {
+        real(dptr, pitch, width, height, elem)
     })
 }
 
@@ -807,10 +816,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CUresult {
     let real = real!(Hook::MemAllocManaged, cuMemAllocManaged_t);
-    capped(bytes as u64, false, || unsafe {
-        let r = real(dptr, bytes, flags);
-        (r, dptr.as_ref().copied().unwrap_or(0))
-    })
+    capped_ptr(dptr, bytes as u64, || unsafe { real(dptr, bytes, flags) })
 }
 
 #[no_mangle]
@@ -820,10 +826,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     s: CUstream,
 ) -> CUresult {
     let real = real!(Hook::MemAllocAsync, cuMemAllocAsync_t);
-    capped(bytes as u64, false, || unsafe {
-        let r = real(dptr, bytes, s);
-        (r, dptr.as_ref().copied().unwrap_or(0))
-    })
+    capped_ptr(dptr, bytes as u64, || unsafe { real(dptr, bytes, s) })
 }
 
 #[no_mangle]
@@ -833,10 +836,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     s: CUstream,
 ) -> CUresult {
     let real = real!(Hook::MemAllocAsyncPtsz, cuMemAllocAsync_t);
-    capped(bytes as u64, false, || unsafe {
-        let r = real(dptr, bytes, s);
-        (r, dptr.as_ref().copied().unwrap_or(0))
-    })
+    capped_ptr(dptr, bytes as u64, || unsafe { real(dptr, bytes, s) })
 }
 
 #[no_mangle]
