@@ -176,6 +176,20 @@ pub fn arrivals(trace: &Trace, rng: &mut impl Rng) -> Vec<Task> {
     order
 }
 
+/// The nodes in the order the scheduler meets them for one seed. FGD's
+/// simulator sorts the nodes by name, prefixes each name with its place in a
+/// seeded random permutation (`syncClusterResourceList`), and its scheduler
+/// sends equal scores to the smallest name (`selectHost`): among equal
+/// scores the winner is the first node of a random order fixed per seed, not
+/// the first of the node list. Every policy here breaks its last ties by
+/// this order.
+pub fn node_order(trace: &Trace, rng: &mut impl Rng) -> Vec<NodeSpec> {
+    let mut nodes = trace.nodes.clone();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes.shuffle(rng);
+    nodes
+}
+
 /// One seed's outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct SeedResult {
@@ -195,7 +209,7 @@ pub fn run_seed(trace: &Trace, policy: Policy, seed: u64) -> SeedResult {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let order = arrivals(trace, &mut rng);
     let shapes = typical_shapes(&trace.tasks, SHAPE_COVERAGE);
-    let mut cluster = Cluster::new(&trace.nodes, shapes);
+    let mut cluster = Cluster::new(&node_order(trace, &mut rng), shapes);
     let cap = cluster.capacity_milli as f64;
     let mut alloc = vec![f64::NAN; LOAD_POINTS];
     let mut frag = vec![f64::NAN; LOAD_POINTS];
