@@ -9,6 +9,7 @@
 //! milli-GPU on GPUs with less free than m needs. A node's fragmentation is
 //! the popularity-weighted sum over the typical task shapes.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 
 /// Milli-GPU in one GPU.
@@ -154,6 +155,13 @@ impl NodeState {
         1.0 - gpu_free.max(cpu_free)
     }
 
+    /// Free milli-GPU that the node's free CPU cannot feed when tasks ask
+    /// for `cpu_per_milli` CPU per milli-GPU (the workload's mean): GPUs
+    /// that will sit idle for want of CPU, whatever arrives.
+    pub fn starved(&self, cpu_per_milli: f64) -> f64 {
+        (self.gpu_free() as f64 - self.cpu_left as f64 / cpu_per_milli).max(0.0)
+    }
+
     /// A key equal for states that fragmentation cannot tell apart (GPU
     /// order does not matter; memory does not enter the measure).
     fn frag_key(&self) -> u128 {
@@ -264,6 +272,21 @@ pub fn node_fragmentation(s: &NodeState, shapes: &[Shape]) -> f64 {
     frag
 }
 
+/// The mean CPU (milli) per milli-GPU of a workload's GPU tasks.
+pub fn cpu_per_milli(tasks: &[Task]) -> f64 {
+    let (cpu, gpu) = tasks
+        .iter()
+        .filter(|t| t.num_gpu > 0)
+        .fold((0i64, 0i64), |a, t| {
+            (a.0 + t.cpu_milli, a.1 + t.total_gpu_milli())
+        });
+    if gpu == 0 {
+        1.0
+    } else {
+        cpu as f64 / gpu as f64
+    }
+}
+
 /// Placement policies of the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -278,12 +301,19 @@ pub enum Policy {
     /// ties to the first node in list order.
     Fgd,
     /// gpuslice's default: FGD's node score (rounded as FGD's simulator
-    /// rounds it), but among nodes of equal score the one left fullest in
-    /// its emptiest dimension, GPU or CPU (then the first in list order),
-    /// and on that node the GPU whose exact fragmentation growth is least.
-    /// FGD sends ties to the first node in list order, which packs by
-    /// accident of naming; packing by fullness keeps emptier nodes whole
-    /// for the multi-GPU and CPU-heavy tasks to come.
+    /// rounds it), and among nodes of equal score:
+    /// - a GPU task goes where it starves the fewest free GPUs of CPU (free
+    ///   GPU the node's free CPU cannot feed at the workload's mean CPU per
+    ///   GPU), then to the node left fullest in its emptiest dimension;
+    /// - a CPU-only task goes to the node with the least free GPU (CPU next
+    ///   to fully used GPUs is worth least to GPU tasks), then the fullest;
+    ///
+    /// then the first node in the seed's node order; on that node the GPU
+    /// whose exact fragmentation growth is least. FGD's score sees whether
+    /// one more task of each typical shape fits, not whether the CPU left
+    /// can feed all the free GPUs, and FGD sends ties to the first node of
+    /// an arbitrary order; these keys pack by what the rest of the
+    /// workload needs.
     Gpuslice,
 }
 
@@ -321,6 +351,8 @@ pub struct Cluster {
     memo: HashMap<u128, f64>,
     pub capacity_milli: i64,
     pub allocated_milli: i64,
+    /// The workload's mean CPU (milli) per milli-GPU of its GPU tasks.
+    cpu_per_milli: f64,
 }
 
 /// Where a task goes: a node and its GPUs there.
@@ -331,7 +363,9 @@ struct Pick {
 }
 
 impl Cluster {
-    pub fn new(nodes: &[NodeSpec], shapes: Vec<Shape>) -> Cluster {
+    /// A fleet for a workload whose GPU tasks ask `cpu_per_milli` CPU per
+    /// milli-GPU on average (see [`cpu_per_milli`]).
+    pub fn new(nodes: &[NodeSpec], shapes: Vec<Shape>, cpu_per_milli: f64) -> Cluster {
         let states: Vec<NodeState> = nodes.iter().map(NodeState::new).collect();
         let capacity_milli = states
             .iter()
@@ -343,6 +377,11 @@ impl Cluster {
             memo: HashMap::new(),
             capacity_milli,
             allocated_milli: 0,
+            cpu_per_milli: if cpu_per_milli > 0.0 {
+                cpu_per_milli
+            } else {
+                1.0
+            },
         }
     }
 
@@ -434,7 +473,7 @@ impl Cluster {
         // choice among equal scores does not: FGD drops to about 91.6 % on
         // the default trace), and it packs, which is what makes near-equal
         // choices good.
-        let mut best: Option<(f64, Pick, f64)> = None;
+        let mut best: Option<(f64, Pick, (f64, f64))> = None;
         for i in 0..self.nodes.len() {
             let s = self.nodes[i];
             if !s.fits(t) {
@@ -457,17 +496,22 @@ impl Cluster {
                     (c, score)
                 }
             };
-            // gpuslice: among equal scores, the node left fullest (then
-            // the first in list order); FGD: the first in list order.
+            // gpuslice's keys among equal scores (see `Policy::Gpuslice`),
+            // then the first in order; FGD: the first in order.
             let tie = if policy == Policy::Gpuslice {
-                s.with(t, &choice).fullness()
+                let after = s.with(t, &choice);
+                if t.num_gpu == 0 {
+                    (-(after.gpu_free() as f64), after.fullness())
+                } else {
+                    let r = self.cpu_per_milli;
+                    (-(after.starved(r) - s.starved(r)), after.fullness())
+                }
             } else {
-                0.0
+                (0.0, 0.0)
             };
-            if best
-                .as_ref()
-                .is_none_or(|b| score > b.0 || (score == b.0 && tie > b.2))
-            {
+            if best.as_ref().is_none_or(|b| {
+                score > b.0 || (score == b.0 && tie.partial_cmp(&b.2) == Some(Ordering::Greater))
+            }) {
                 best = Some((score, Pick { node: i, choice }, tie));
             }
         }
@@ -608,7 +652,7 @@ mod tests {
             task(8000, 4, 1000),
         ];
         for p in Policy::ALL {
-            let mut c = Cluster::new(&nodes, typical_shapes(&tasks, 0.95));
+            let mut c = Cluster::new(&nodes, typical_shapes(&tasks, 0.95), cpu_per_milli(&tasks));
             for t in &tasks {
                 c.place(t, p);
             }
@@ -637,7 +681,7 @@ mod tests {
             (Policy::Gpuslice, 1),
             (Policy::BestFit, 1),
         ] {
-            let mut c = Cluster::new(&[node(2)], shapes.clone());
+            let mut c = Cluster::new(&[node(2)], shapes.clone(), 4.0);
             c.nodes[0].gpu_left = [1000, 500, 0, 0, 0, 0, 0, 0];
             c.place(&task(1000, 1, 500), policy).unwrap();
             let expected = if want == 1 { [1000, 0] } else { [500, 500] };
@@ -652,7 +696,7 @@ mod tests {
         let tasks = vec![task(1000, 1, 1000)];
         let shapes = typical_shapes(&tasks, 1.0);
         for (policy, want) in [(Policy::Fgd, 0), (Policy::Gpuslice, 1)] {
-            let mut c = Cluster::new(&[node(8), node(8)], shapes.clone());
+            let mut c = Cluster::new(&[node(8), node(8)], shapes.clone(), 4.0);
             c.nodes[1].gpu_left = [0, 0, 0, 0, 1000, 1000, 1000, 1000];
             c.nodes[1].cpu_left = 32_000;
             assert_eq!(
@@ -668,5 +712,47 @@ mod tests {
         assert_eq!(s.fullness(), 0.0);
         s.cpu_left = 16_000;
         assert_eq!(s.fullness(), 0.5);
+    }
+
+    #[test]
+    fn gpuslice_does_not_starve_free_gpus_of_cpu() {
+        // Tasks ask 8 CPU per GPU. Node 0: 4 free GPUs, 40 CPU left (one
+        // more task leaves 32 CPU for 3 GPUs: fed); node 1: 2 free GPUs,
+        // 17 CPU left (one more task leaves 9 CPU for 1 GPU: fed as well,
+        // but node 1 is fuller). A 16-CPU GPU task on node 1 would leave
+        // 1 CPU for its last free GPU: starved; on node 0, 24 CPU for 3.
+        let tasks = vec![task(8000, 1, 1000)];
+        let shapes = typical_shapes(&tasks, 1.0);
+        let r = cpu_per_milli(&tasks);
+        assert_eq!(r, 8.0);
+        let mut c = Cluster::new(&[node(8), node(8)], shapes.clone(), r);
+        c.nodes[0].gpu_left = [0, 0, 0, 0, 1000, 1000, 1000, 1000];
+        c.nodes[0].cpu_left = 40_000;
+        c.nodes[1].gpu_left = [0, 0, 0, 0, 0, 0, 1000, 1000];
+        c.nodes[1].cpu_left = 17_000;
+        assert_eq!(c.nodes[1].starved(r), 0.0);
+        // FGD: one more 8-CPU task fits on either node after it, so the
+        // scores are equal.
+        let heavy = task(16_000, 1, 1000);
+        let mut on = c.nodes[1];
+        on = on.with(&heavy, &on.exclusive_choice(&heavy));
+        assert_eq!(on.starved(r), 1000.0 - 1000.0 / 8.0);
+        assert_eq!(c.place(&heavy, Policy::Gpuslice), Some(0));
+        // An 8-CPU task starves nothing on either: the fuller node wins.
+        assert_eq!(c.place(&task(8000, 1, 1000), Policy::Gpuslice), Some(1));
+    }
+
+    #[test]
+    fn gpuslice_puts_cpu_only_tasks_next_to_used_gpus() {
+        // Node 0 has every GPU free, node 1 none; a CPU-only task changes
+        // neither node's fragmentation. Its CPU is worth least on node 1.
+        let tasks = vec![task(8000, 1, 1000), task(4000, 0, 0)];
+        let shapes = typical_shapes(&tasks, 1.0);
+        for (policy, want) in [(Policy::Fgd, 0), (Policy::Gpuslice, 1)] {
+            let mut c = Cluster::new(&[node(8), node(8)], shapes.clone(), 8.0);
+            c.nodes[1].gpu_left = [0; 8];
+            c.nodes[1].cpu_left = 20_000;
+            assert_eq!(c.place(&task(4000, 0, 0), policy), Some(want), "{policy:?}");
+        }
     }
 }

@@ -16,7 +16,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::bench::cluster::{typical_shapes, Cluster, NodeSpec, Policy, Task};
+use crate::bench::cluster::{cpu_per_milli, typical_shapes, Cluster, NodeSpec, Policy, Task};
 
 /// Load levels of the curves: 0..=130 % of GPU capacity.
 pub const LOAD_POINTS: usize = 131;
@@ -209,7 +209,11 @@ pub fn run_seed(trace: &Trace, policy: Policy, seed: u64) -> SeedResult {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let order = arrivals(trace, &mut rng);
     let shapes = typical_shapes(&trace.tasks, SHAPE_COVERAGE);
-    let mut cluster = Cluster::new(&node_order(trace, &mut rng), shapes);
+    let mut cluster = Cluster::new(
+        &node_order(trace, &mut rng),
+        shapes,
+        cpu_per_milli(&trace.tasks),
+    );
     let cap = cluster.capacity_milli as f64;
     let mut alloc = vec![f64::NAN; LOAD_POINTS];
     let mut frag = vec![f64::NAN; LOAD_POINTS];
