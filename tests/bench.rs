@@ -204,5 +204,41 @@ fn latency_and_mig_benchmarks_run_small() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--speedup must be a positive number"));
+    // Half the requests booked ahead: a fifth run moves
+    // bookings ahead, never one within ten minutes of its start.
+    let ahead = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args([
+            "bench",
+            "mig",
+            "--gpus",
+            "8",
+            "--advance",
+            "50",
+            "--json",
+            "--pods",
+        ])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert!(
+        ahead.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ahead.stderr)
+    );
+    let ahead: serde_json::Value = serde_json::from_slice(&ahead.stdout).unwrap();
+    let rows = ahead.as_array().unwrap();
+    assert_eq!(rows.len(), 5);
+    let moving = &rows[4]["result"];
+    assert_eq!(moving["policy"], "gpuslice + moves");
+    assert!(moving["moves"].as_u64().unwrap() > 0, "{moving}");
+    assert!(moving["least_notice_s"].as_i64().unwrap() > 600, "{moving}");
+    assert!(rows[..4].iter().all(|r| r["result"]["moves"] == 0));
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["bench", "mig", "--advance", "120", "--pods"])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--advance is a percentage"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,7 +9,10 @@
 //! exponential duration with the trace's mean is used. Seeds shift arrival
 //! order among equal times and draw the missing durations. A speed-up
 //! makes arrivals come faster with the same durations: heavier load on the
-//! same fleet.
+//! same fleet. With `advance`, that share of the tasks is booked ahead: the
+//! booking is made 1–72 h (uniform, seeded) before the task's own start,
+//! for the task's own window; the rest are booked when they start.
+//! Requests are decided in the order they are booked.
 
 use std::path::Path;
 
@@ -19,12 +22,14 @@ use serde::Serialize;
 use crate::gpu::catalog::{self, Placement};
 use crate::gpu::mig::Existing;
 use crate::placement::mig::{
-    place, stranded_slices, Booked, MigGpu, MigPolicy, ProfileMix, Window,
+    place, place_with_moves, stranded_slices, Booked, MigGpu, MigPolicy, Move, ProfileMix, Window,
 };
 
 /// One MIG request of the stream.
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// When the booking is made (its start, or 1–72 h before).
+    pub booked: i64,
     pub arrive: i64,
     pub depart: i64,
     pub profile: &'static str,
@@ -43,7 +48,12 @@ pub fn profile_for(milli: i64) -> &'static str {
 
 /// Reads the pod CSV and builds the request stream for `seed`, with
 /// arrivals `speedup` times faster than the trace's (durations kept).
-pub fn stream(pods_csv: &Path, seed: u64, speedup: f64) -> Result<Vec<Request>, String> {
+pub fn stream(
+    pods_csv: &Path,
+    seed: u64,
+    speedup: f64,
+    advance: f64,
+) -> Result<Vec<Request>, String> {
     let text = std::fs::read_to_string(pods_csv)
         .map_err(|e| format!("cannot read {}: {e}", pods_csv.display()))?;
     let mut lines = text.lines();
@@ -102,13 +112,20 @@ pub fn stream(pods_csv: &Path, seed: u64, speedup: f64) -> Result<Vec<Request>, 
         } else {
             ("7g.80gb", num)
         };
+        let ahead: f64 = rng.gen();
+        let booked = if ahead < advance {
+            created - rng.gen_range(3600..=72 * 3600)
+        } else {
+            created
+        };
         for _ in 0..count {
             // A random tie-break among equal arrival times, by seed.
             let jitter: u32 = rng.gen();
             out.push((
-                created,
+                booked,
                 jitter,
                 Request {
+                    booked,
                     arrive: created,
                     depart,
                     profile,
@@ -132,6 +149,14 @@ pub struct MigResult {
     pub served_slice_hours: f64,
     /// Mean over arrivals of the fleet's stranded memory slices.
     pub mean_stranded_slices: f64,
+    /// Mean over refused requests of the share of the fleet's compute
+    /// slices booked at the refused request's start: how full the fleet
+    /// was when it said no, the limit no placement can pass.
+    pub busy_pct_at_refusals: f64,
+    /// Scheduled bookings moved to let a request in (repacking runs only).
+    pub moves: usize,
+    /// The least notice a moved booking had before its start, seconds.
+    pub least_notice_s: Option<i64>,
 }
 
 /// The stream's own profile mix.
@@ -150,8 +175,54 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
 
 /// Replays the stream on `gpus` H100-80GB under `policy`.
 pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
-    replay(requests, gpus, policy.name(), |fleet, booking, mix| {
-        place_on(fleet, booking, policy, mix)
+    replay(requests, gpus, policy.name(), |fleet, booking, mix, _| {
+        place_on(fleet, booking, policy, mix).then_some(Vec::new())
+    })
+}
+
+/// Bookings ahead are moved no later than this before their start.
+pub const MOVE_NOTICE_S: i64 = 600;
+
+/// `policy` with repacking of bookings that have not started: when a
+/// request does not fit, bookings that start more than
+/// [`MOVE_NOTICE_S`] after the request is made may move to another GPU or
+/// slot (same window and profile) to let it in ([`place_with_moves`]).
+pub fn run_moving(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
+    let name = format!("{} + moves", policy.name());
+    replay(requests, gpus, &name, |fleet, booking, mix, now| {
+        let p = fleet.first()?.model.profile_by_id(booking.profile_id)?;
+        let profile = p.name.clone();
+        let (g, placement, moves) = {
+            let view: &[MigGpu] = fleet;
+            let movable =
+                |g: usize, k: usize| view[g].bookings[k].window.start > now + MOVE_NOTICE_S;
+            place_with_moves(view, &profile, None, booking.window, policy, mix, movable).ok()?
+        };
+        let mut notices = Vec::with_capacity(moves.len());
+        // Apply: take the moved bookings out (highest index first per GPU),
+        // then put them and the new one in.
+        let mut taken: Vec<(usize, usize)> = moves.iter().map(|m| (m.from_gpu, m.index)).collect();
+        taken.sort_by(|a, b| b.cmp(a));
+        let mut moved: Vec<(Booked, Move)> = Vec::new();
+        for (gpu, index) in taken {
+            let b = fleet[gpu].bookings.remove(index);
+            let m = *moves
+                .iter()
+                .find(|m| m.from_gpu == gpu && m.index == index)?;
+            notices.push(b.window.start - now);
+            moved.push((b, m));
+        }
+        for (b, m) in moved {
+            fleet[m.to_gpu].bookings.push(Booked {
+                placement: m.placement,
+                ..b
+            });
+        }
+        fleet[g].bookings.push(Booked {
+            placement,
+            ..booking
+        });
+        Some(notices)
     })
 }
 
@@ -161,34 +232,39 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
 /// first, each on the first GPU and placement NVIDIA allows. A request is
 /// refused only when that fails too.
 pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
-    replay(requests, gpus, "repack-reference", |fleet, booking, mix| {
-        if place_on(fleet, booking, MigPolicy::FirstFit, mix) {
-            return true;
-        }
-        let mut all: Vec<Booked> = fleet.iter().flat_map(|g| g.bookings.clone()).collect();
-        all.push(booking);
-        let size = |b: &Booked| {
-            fleet[0]
-                .model
-                .profile_by_id(b.profile_id)
-                .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
-        };
-        all.sort_by_key(|b| std::cmp::Reverse(size(b)));
-        let mut fresh: Vec<MigGpu> = fleet
-            .iter()
-            .map(|g| MigGpu {
-                model: g.model,
-                bookings: Vec::new(),
-            })
-            .collect();
-        let fits = all
-            .into_iter()
-            .all(|b| place_on(&mut fresh, b, MigPolicy::FirstFit, mix));
-        if fits {
-            *fleet = fresh;
-        }
-        fits
-    })
+    replay(
+        requests,
+        gpus,
+        "repack-reference",
+        |fleet, booking, mix, _| {
+            if place_on(fleet, booking, MigPolicy::FirstFit, mix) {
+                return Some(Vec::new());
+            }
+            let mut all: Vec<Booked> = fleet.iter().flat_map(|g| g.bookings.clone()).collect();
+            all.push(booking);
+            let size = |b: &Booked| {
+                fleet[0]
+                    .model
+                    .profile_by_id(b.profile_id)
+                    .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
+            };
+            all.sort_by_key(|b| std::cmp::Reverse(size(b)));
+            let mut fresh: Vec<MigGpu> = fleet
+                .iter()
+                .map(|g| MigGpu {
+                    model: g.model,
+                    bookings: Vec::new(),
+                })
+                .collect();
+            let fits = all
+                .into_iter()
+                .all(|b| place_on(&mut fresh, b, MigPolicy::FirstFit, mix));
+            if fits {
+                *fleet = fresh;
+            }
+            fits.then_some(Vec::new())
+        },
+    )
 }
 
 /// Places `booking` (its profile and window; the placement is chosen) on
@@ -212,14 +288,16 @@ fn place_on(fleet: &mut [MigGpu], booking: Booked, policy: MigPolicy, mix: &Prof
     }
 }
 
-/// The replay loop: departures leave, each arrival is offered to `decide`
-/// (which places it on the fleet or refuses it), served work and stranded
-/// slices are counted.
+/// The replay loop: in booking order, ended bookings leave, each request
+/// is offered to `decide` (which places it on the fleet, returning the
+/// notice each booking it moved had before its start, or refuses it with
+/// None); served work, moves, stranded slices and how busy the fleet was
+/// at each refusal are counted.
 fn replay(
     requests: &[Request],
     gpus: usize,
     name: &str,
-    mut decide: impl FnMut(&mut Vec<MigGpu>, Booked, &ProfileMix) -> bool,
+    mut decide: impl FnMut(&mut Vec<MigGpu>, Booked, &ProfileMix, i64) -> Option<Vec<i64>>,
 ) -> MigResult {
     let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
     let mut fleet: Vec<MigGpu> = (0..gpus)
@@ -232,9 +310,14 @@ fn replay(
     let mut accepted = 0;
     let mut served = 0.0;
     let mut stranded_sum = 0.0;
+    let mut busy_sum = 0.0;
+    let mut refused = 0usize;
+    let mut moves = 0usize;
+    let mut least_notice: Option<i64> = None;
+    let fleet_compute = f64::from(model.compute_slices) * gpus as f64;
     for (k, r) in requests.iter().enumerate() {
         for g in fleet.iter_mut() {
-            g.bookings.retain(|b| b.window.end > r.arrive);
+            g.bookings.retain(|b| b.window.end > r.booked);
         }
         let window = Window {
             start: r.arrive,
@@ -249,9 +332,21 @@ fn replay(
                 },
                 window,
             };
-            if decide(&mut fleet, booking, &mix) {
+            if let Some(notices) = decide(&mut fleet, booking, &mix, r.booked) {
                 accepted += 1;
                 served += f64::from(p.compute_slices) * window.len() as f64 / 3600.0;
+                moves += notices.len();
+                least_notice = notices.into_iter().chain(least_notice).min();
+            } else {
+                refused += 1;
+                let busy: u32 = fleet
+                    .iter()
+                    .flat_map(|g| &g.bookings)
+                    .filter(|b| b.window.start <= r.arrive && r.arrive < b.window.end)
+                    .filter_map(|b| model.profile_by_id(b.profile_id))
+                    .map(|p| u32::from(p.compute_slices))
+                    .sum();
+                busy_sum += f64::from(busy) / fleet_compute;
             }
         }
         // Sample stranding every 50 arrivals (it costs a pass over the fleet).
@@ -282,5 +377,12 @@ fn replay(
         acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
         served_slice_hours: served,
         mean_stranded_slices: stranded_sum / samples,
+        busy_pct_at_refusals: if refused == 0 {
+            0.0
+        } else {
+            100.0 * busy_sum / refused as f64
+        },
+        moves,
+        least_notice_s: least_notice,
     }
 }

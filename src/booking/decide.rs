@@ -39,6 +39,10 @@ pub(super) enum Decision {
     OverQuota(String),
 }
 
+/// A booking ahead is never moved later than this before its start (the
+/// worker may be about to claim it, and its owner has read where it is).
+pub const MOVE_NOTICE: Duration = Duration::minutes(10);
+
 /// Decides where `req` goes over `[start, end)` for `tenant`, whose row the
 /// caller has locked. `except`: the booking being placed again (the queue
 /// planner), not counted against itself. A new request is checked against
@@ -63,7 +67,21 @@ pub(super) async fn decide(
     // serialised section does no quota round trips.
     let usage = quota_usage(tx, tenant, start, end, except).await?;
     let fleet = fleet_for(tx, index, req.kind(), tenant).await?;
-    let spot = plan::find_spot(&fleet, req, window)?;
+    let mut spot = plan::find_spot(&fleet, req, window)?;
+    // A MIG request that does not fit may fit when bookings ahead move
+    // (same window, profile and model; never a live one, never within
+    // MOVE_NOTICE of its start).
+    let mut moves = Vec::new();
+    if spot.is_err() && req.kind() == Kind::Mig {
+        let movable =
+            db::bookings::movable_mig(tx, start, end, MOVE_NOTICE.whole_seconds()).await?;
+        if !movable.is_empty() {
+            if let Some((found, planned)) = plan::find_spot_moving(&fleet, req, window, &movable)? {
+                spot = Ok(found);
+                moves = planned;
+            }
+        }
+    }
     let size = match &spot {
         Ok(s) => plan::placed_size(req, s),
         Err(_) => plan::unplaced_size(&fleet, req),
@@ -80,6 +98,18 @@ pub(super) async fn decide(
             {
                 // Another share took the room since the plan: plan again.
                 return Err(BookingError::Retry);
+            }
+            for m in &moves {
+                let reason = format!(
+                    "moved to {} GPU {} ({}), memory slices {}–{}, to make room for another booking; same time and profile",
+                    m.gpu.node, m.gpu.idx, m.gpu.uuid, m.slices.0, m.slices.1
+                );
+                if !db::bookings::move_scheduled(tx, m.booking_id, m.gpu.id, m.slices, &reason)
+                    .await?
+                {
+                    // Its row is locked: it cannot have changed. Plan again.
+                    return Err(BookingError::Retry);
+                }
             }
             Ok(Decision::Place { spot, size })
         }

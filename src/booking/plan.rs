@@ -63,6 +63,9 @@ impl<T> Side<T> {
 #[derive(Debug, Default)]
 pub struct Fleet {
     pub mig: Side<MigGpu>,
+    /// The booking id of each entry of each MIG GPU's `bookings`, in the
+    /// same order (foreign instances have negative ids).
+    pub mig_ids: Vec<Vec<i64>>,
     pub shared: Side<SharedGpu>,
     pub mix: ProfileMix,
     pub shapes: ShareShapes,
@@ -107,11 +110,11 @@ pub fn fleet_of(
                 let Some(model) = catalog::model(&g.model).filter(|m| m.mig_capable()) else {
                     continue;
                 };
-                let bookings = here
+                let (bookings, ids): (Vec<Booked>, Vec<i64>) = here
                     .iter()
                     .filter_map(|p| {
                         let profile = model.profile(p.profile.as_deref()?)?;
-                        Some(Booked {
+                        let booked = Booked {
                             profile_id: profile.nvml_id,
                             placement: Placement {
                                 start: u8::try_from(p.slice_start?).ok()?,
@@ -121,10 +124,12 @@ pub fn fleet_of(
                                 start: p.start,
                                 end: p.end,
                             },
-                        })
+                        };
+                        Some((booked, p.id))
                     })
-                    .collect();
+                    .unzip();
                 fleet.mig.push(g, MigGpu { model, bookings });
+                fleet.mig_ids.push(ids);
             }
             GpuMode::Timeslice => {
                 let shared = SharedGpu {
@@ -177,6 +182,95 @@ pub struct Spot {
     pub compute_slices: i32,
 }
 
+/// A scheduled booking to move so that a new one fits: to `gpu`, memory
+/// slices `[start, end)`, same window and profile.
+#[derive(Debug, Clone)]
+pub struct PlannedMove {
+    pub booking_id: i64,
+    pub gpu: Bookable,
+    pub slices: (i32, i32),
+}
+
+/// Like [`find_spot`] for a MIG request that does not fit as things stand:
+/// the spot it gets when bookings in `movable` (not started, beyond the
+/// notice; the caller holds their rows) move to other GPUs or slots of
+/// their model, and those moves ([`pmig::place_with_moves`]).
+pub fn find_spot_moving(
+    fleet: &Fleet,
+    req: &BookingRequest,
+    window: Window,
+    movable: &std::collections::HashSet<i64>,
+) -> Result<Option<(Spot, Vec<PlannedMove>)>, BookingError> {
+    let Request::Mig { profile } = &req.what else {
+        return Ok(None);
+    };
+    let can_move = |g: usize, k: usize| {
+        fleet
+            .mig_ids
+            .get(g)
+            .and_then(|ids| ids.get(k))
+            .is_some_and(|id| movable.contains(id))
+    };
+    let Ok((i, placement, moves)) = pmig::place_with_moves(
+        fleet.mig.gpus(),
+        profile,
+        req.model.as_deref(),
+        window,
+        MigPolicy::Gpuslice,
+        &fleet.mix,
+        can_move,
+    ) else {
+        return Ok(None);
+    };
+    if moves.is_empty() {
+        // The engine found room without moving (the caller asked first;
+        // a changed fleet): nothing to move.
+        return Ok(None);
+    }
+    let spot = mig_spot(fleet, profile, i, placement)?;
+    let mut planned = Vec::with_capacity(moves.len());
+    for m in moves {
+        let booking_id = *fleet
+            .mig_ids
+            .get(m.from_gpu)
+            .and_then(|ids| ids.get(m.index))
+            .ok_or_else(|| BookingError::Internal("a planned move names no booking".into()))?;
+        planned.push(PlannedMove {
+            booking_id,
+            gpu: fleet.mig.row(m.to_gpu)?.clone(),
+            slices: (
+                i32::from(m.placement.start),
+                i32::from(m.placement.start + m.placement.size),
+            ),
+        });
+    }
+    Ok(Some((spot, planned)))
+}
+
+/// The spot of `profile` at `placement` on MIG GPU `i` of the fleet.
+fn mig_spot(
+    fleet: &Fleet,
+    profile: &str,
+    i: usize,
+    placement: Placement,
+) -> Result<Spot, BookingError> {
+    let gpu = fleet.mig.row(i)?.clone();
+    let model = fleet.mig.gpus()[i].model;
+    let compute = model
+        .profile(profile)
+        .map(|p| i32::from(p.compute_slices))
+        .unwrap_or(SLICES_PER_GPU);
+    Ok(Spot {
+        gpu,
+        slices: Some((
+            i32::from(placement.start),
+            i32::from(placement.start + placement.size),
+        )),
+        model: model.id.to_string(),
+        compute_slices: compute,
+    })
+}
+
 /// Asks the placement engine (gpuslice policy) for a spot over `window`.
 /// `Ok(Err(refusal))`: no room; `Err`: the engine's answer names no GPU.
 pub fn find_spot(
@@ -197,21 +291,7 @@ pub fn find_spot(
                 Ok(found) => found,
                 Err(refusal) => return Ok(Err(refusal)),
             };
-            let gpu = fleet.mig.row(i)?.clone();
-            let model = fleet.mig.gpus()[i].model;
-            let compute = model
-                .profile(profile)
-                .map(|p| i32::from(p.compute_slices))
-                .unwrap_or(SLICES_PER_GPU);
-            Ok(Ok(Spot {
-                gpu,
-                slices: Some((
-                    i32::from(placement.start),
-                    i32::from(placement.start + placement.size),
-                )),
-                model: model.id.to_string(),
-                compute_slices: compute,
-            }))
+            Ok(Ok(mig_spot(fleet, profile, i, placement)?))
         }
         Request::Share { memory_gib, .. } => {
             let i = match shares::place_share(

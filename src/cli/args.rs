@@ -453,6 +453,11 @@ pub enum BenchCommand {
         /// load on the same fleet. 1 replays the trace's own times.
         #[arg(long, default_value_t = 1.0)]
         speedup: f64,
+        /// Percentage of requests booked ahead (1–72 h before their start);
+        /// adds a run of the default policy that moves scheduled bookings
+        /// to let requests in.
+        #[arg(long, default_value_t = 0.0)]
+        advance: f64,
         #[arg(long, default_value = "42")]
         seeds: String,
         #[arg(long)]

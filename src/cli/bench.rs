@@ -14,9 +14,10 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             pods,
             gpus,
             speedup,
+            advance,
             seeds,
             json,
-        } => return bench_mig(pods, *gpus, *speedup, seeds, *json),
+        } => return bench_mig(pods, *gpus, *speedup, *advance, seeds, *json),
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -105,6 +106,7 @@ fn bench_mig(
     pods: &std::path::Path,
     gpus: usize,
     speedup: f64,
+    advance: f64,
     seeds: &str,
     json: bool,
 ) -> Result<()> {
@@ -116,21 +118,34 @@ fn bench_mig(
     if !(speedup.is_finite() && speedup > 0.0) {
         bail!("--speedup must be a positive number (1 replays the trace's own times)");
     }
+    if !(0.0..=100.0).contains(&advance) {
+        bail!("--advance is a percentage of requests booked ahead, 0 to 100");
+    }
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
-        let stream = mig::stream(pods, seed, speedup).map_err(|e| anyhow!(e))?;
+        let stream = mig::stream(pods, seed, speedup, advance / 100.0).map_err(|e| anyhow!(e))?;
         let mut base = None;
-        let runs = MigPolicy::ALL.into_iter().map(Some).chain([None]);
-        for p in runs {
+        // Each policy; the repack reference; with bookings ahead, the
+        // default policy moving scheduled bookings to let requests in.
+        let mut runs: Vec<(Option<MigPolicy>, bool)> = MigPolicy::ALL
+            .into_iter()
+            .map(|p| (Some(p), false))
+            .collect();
+        runs.push((None, false));
+        if advance > 0.0 {
+            runs.push((Some(MigPolicy::Gpuslice), true));
+        }
+        for (p, moving) in runs {
             let started = std::time::Instant::now();
             let r = match p {
+                Some(p) if moving => mig::run_moving(&stream, gpus, p),
                 Some(p) => mig::run(&stream, gpus, p),
                 None => mig::run_repack(&stream, gpus),
             };
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(
-                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours, stranded slices {:7.1}, {:.1} s",
+                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours, stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
                     r.policy,
                     r.accepted,
                     r.requests,
@@ -138,6 +153,11 @@ fn bench_mig(
                     100.0 * (r.accepted as f64 / base_acc.max(1) as f64 - 1.0),
                     r.served_slice_hours,
                     r.mean_stranded_slices,
+                    r.busy_pct_at_refusals,
+                    r.moves,
+                    r.least_notice_s
+                        .map(|s| format!(" (least notice {} min)", s / 60))
+                        .unwrap_or_default(),
                     started.elapsed().as_secs_f64()
                 );
             }

@@ -262,6 +262,143 @@ pub fn place(
     MigFleet::new(gpus).place(profile, model, window, policy, mix)
 }
 
+/// A scheduled booking moved to make room for a new one: the booking at
+/// `index` in `gpus[from_gpu].bookings` goes to `placement` on `to_gpu`
+/// (a GPU of the same model; possibly the same GPU, another slot), with
+/// the same profile and window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub from_gpu: usize,
+    pub index: usize,
+    pub to_gpu: usize,
+    pub placement: Placement,
+}
+
+/// At most this many GPUs are tried for a plan with moves.
+const MOVE_TRIES: usize = 64;
+
+/// Places a request like [`place`]; when it does not fit as things stand,
+/// moves bookings that have not started to make room. A plan empties the
+/// request's slot on one GPU of the bookings there that overlap its
+/// window, all of them `movable(gpu, index)` (the caller's rule: not
+/// started, not within the notice before their start), and finds each of them a new
+/// slot on a GPU of the same model with the same window, largest first,
+/// by the same policy. GPUs needing the fewest moves are tried first
+/// (at most [`MOVE_TRIES`]); the first plan in which every moved booking
+/// fits wins. Live bookings are never moved (`movable` says so).
+pub fn place_with_moves(
+    gpus: &[MigGpu],
+    profile: &str,
+    model: Option<&str>,
+    window: Window,
+    policy: MigPolicy,
+    mix: &ProfileMix,
+    movable: impl Fn(usize, usize) -> bool,
+) -> Result<(usize, Placement, Vec<Move>), Refusal> {
+    let refusal = match place(gpus, profile, model, window, policy, mix) {
+        Ok((i, pl)) => return Ok((i, pl, Vec::new())),
+        Err(r) => r,
+    };
+    // GPUs where removing the movable overlapping bookings frees a slot.
+    let mut plans: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (g, gpu) in gpus.iter().enumerate() {
+        let Some(p) = gpu.model.profile(profile) else {
+            continue;
+        };
+        if model.is_some_and(|m| gpu.model.id != m) {
+            continue;
+        }
+        let overlapping: Vec<usize> = (0..gpu.bookings.len())
+            .filter(|&k| gpu.bookings[k].window.overlaps(window))
+            .collect();
+        let moving: Vec<usize> = overlapping
+            .iter()
+            .copied()
+            .filter(|&k| movable(g, k))
+            .collect();
+        if moving.is_empty() {
+            continue;
+        }
+        let staying: Vec<Existing> = overlapping
+            .iter()
+            .filter(|k| !moving.contains(k))
+            .map(|&k| Existing {
+                profile_id: gpu.bookings[k].profile_id,
+                placement: gpu.bookings[k].placement,
+            })
+            .collect();
+        if !mig::free_placements(gpu.model, &staying, p.nvml_id).is_empty() {
+            plans.push((g, moving));
+        }
+    }
+    plans.sort_by_key(|(g, moving)| (moving.len(), *g));
+    'plan: for (g, moving) in plans.into_iter().take(MOVE_TRIES) {
+        let mut trial: Vec<MigGpu> = gpus.to_vec();
+        let mut removed: Vec<(usize, Booked)> =
+            moving.iter().map(|&k| (k, gpus[g].bookings[k])).collect();
+        trial[g].bookings = gpus[g]
+            .bookings
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| !moving.contains(k))
+            .map(|(_, b)| *b)
+            .collect();
+        let Ok((_, pl)) = place(
+            std::slice::from_ref(&trial[g]),
+            profile,
+            None,
+            window,
+            policy,
+            mix,
+        ) else {
+            continue;
+        };
+        let Some(p) = trial[g].model.profile(profile) else {
+            continue;
+        };
+        trial[g].bookings.push(Booked {
+            profile_id: p.nvml_id,
+            placement: pl,
+            window,
+        });
+        let size = |b: &Booked| {
+            gpus[g]
+                .model
+                .profile_by_id(b.profile_id)
+                .map_or(0, |p| p.memory_slices)
+        };
+        removed.sort_by_key(|(_, b)| std::cmp::Reverse(size(b)));
+        let mut moves = Vec::with_capacity(removed.len());
+        for (index, b) in removed {
+            let Some(bp) = gpus[g].model.profile_by_id(b.profile_id) else {
+                continue 'plan;
+            };
+            let Ok((to, to_pl)) = place(
+                &trial,
+                &bp.name,
+                Some(gpus[g].model.id),
+                b.window,
+                policy,
+                mix,
+            ) else {
+                continue 'plan;
+            };
+            trial[to].bookings.push(Booked {
+                placement: to_pl,
+                ..b
+            });
+            moves.push(Move {
+                from_gpu: g,
+                index,
+                to_gpu: to,
+                placement: to_pl,
+            });
+        }
+        return Ok((g, pl, moves));
+    }
+    Err(refusal)
+}
+
 /// One booking in the fleet's time index: its window, its GPU and its
 /// instance packed as in [`key_of`].
 #[derive(Debug, Clone, Copy)]
@@ -842,5 +979,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bookings_ahead_move_to_let_a_request_in_and_only_when_movable() {
+        let mut gpus = h100s(2);
+        let p3 = gpus[0].model.profile("3g.40gb").unwrap().nvml_id;
+        for g in gpus.iter_mut() {
+            g.bookings.push(Booked {
+                profile_id: p3,
+                placement: Placement { start: 0, size: 4 },
+                window: W,
+            });
+        }
+        let refused = place(&gpus, "7g.80gb", None, W, MigPolicy::Gpuslice, &mix());
+        assert!(refused.is_err());
+        let none = place_with_moves(
+            &gpus,
+            "7g.80gb",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |_, _| false,
+        );
+        assert!(none.is_err(), "nothing movable: refused");
+        let (g, pl, moves) = place_with_moves(
+            &gpus,
+            "7g.80gb",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |_, _| true,
+        )
+        .unwrap();
+        assert_eq!(pl.start, 0);
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        let m = moves[0];
+        assert_eq!(m.from_gpu, g);
+        assert_ne!(m.to_gpu, g);
+        assert_eq!(
+            m.placement,
+            Placement { start: 4, size: 4 },
+            "the other GPU's free half"
+        );
+        // Only the GPU whose booking may move can be emptied.
+        let (g, _, moves) = place_with_moves(
+            &gpus,
+            "7g.80gb",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |g, _| g == 1,
+        )
+        .unwrap();
+        assert_eq!((g, moves[0].from_gpu, moves[0].to_gpu), (1, 1, 0));
+        // A request that fits moves nothing.
+        let (_, _, moves) = place_with_moves(
+            &gpus,
+            "1g.10gb",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |_, _| true,
+        )
+        .unwrap();
+        assert!(moves.is_empty());
     }
 }

@@ -201,7 +201,8 @@ pub async fn queued(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Queued>> {
         Queued,
         r#"SELECT b.id, b.tenant_id, b.priority AS "priority: Priority",
                   (SELECT max(e.at) FROM booking_events e JOIN bookings x ON x.id = e.booking_id
-                   WHERE x.tenant_id = b.tenant_id AND e.to_status = 'scheduled') AS last_placed
+                   WHERE x.tenant_id = b.tenant_id AND e.to_status = 'scheduled'
+                     AND e.from_status IS DISTINCT FROM 'scheduled') AS last_placed
            FROM bookings b WHERE b.status = 'queued'
            ORDER BY b.created_at, b.id"#
     )
@@ -245,6 +246,73 @@ pub async fn set_end(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Bookings ahead that may move to make room: MIG, scheduled, not claimed
+/// by a worker, starting more than `notice_s` seconds from now (the
+/// database's clock) and overlapping `[start, end)`; their rows are locked
+/// for the rest of the transaction. Rows another transaction holds are
+/// skipped (not movable now) rather than waited for: the caller holds the
+/// placement lock, which a transition holding a booking row may be waiting
+/// for.
+pub async fn movable_mig(
+    tx: &mut Transaction<'_, Postgres>,
+    start: OffsetDateTime,
+    end: OffsetDateTime,
+    notice_s: i64,
+) -> sqlx::Result<std::collections::HashSet<i64>> {
+    let ids = sqlx::query_scalar!(
+        "SELECT id FROM bookings
+         WHERE kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL
+           AND lower(during) > now() + make_interval(secs => $3)
+           AND during && tstzrange($1, $2)
+         FOR UPDATE SKIP LOCKED",
+        start,
+        end,
+        notice_s as f64
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(ids.into_iter().collect())
+}
+
+/// Moves a booking ahead (locked by [`movable_mig`]) to `gpu_id`, memory
+/// slices `[from, to)`, and writes it on its timeline. The overlap
+/// constraint is checked at commit (several bookings may trade places).
+pub async fn move_scheduled(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    gpu_id: i64,
+    slices: (i32, i32),
+    reason: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query!("SET CONSTRAINTS bookings_no_overlap DEFERRED")
+        .execute(&mut **tx)
+        .await?;
+    let moved = sqlx::query!(
+        "UPDATE bookings SET gpu_id = $2, slices = int4range($3, $4)
+         WHERE id = $1 AND kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL",
+        id,
+        gpu_id,
+        slices.0,
+        slices.1
+    )
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if moved {
+        event(
+            &mut **tx,
+            id,
+            "planner",
+            Some(Status::Scheduled),
+            Status::Scheduled,
+            reason,
+        )
+        .await?;
+    }
+    Ok(moved)
 }
 
 /// Takes a transaction-level advisory lock named `key` (released at commit).
