@@ -1152,6 +1152,28 @@ async fn bookings_ahead_move_to_let_a_new_booking_in() {
     let view = w.get(&t, *id).await;
     assert_eq!(view["gpu"].as_str(), Some(shared_uuid.as_str()), "{view}");
     assert_eq!(view["placement"]["start"], 4, "{view}");
+    // Its owner is told by e-mail, naming only their own booking's new GPU;
+    // its row's change time moved (calendar feeds read it).
+    let mails: Vec<(String, String)> = sqlx::query_as(
+        "SELECT subject, body FROM notifications WHERE booking_id = $1 AND channel = 'email'",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let moved_mail: Vec<_> = mails
+        .iter()
+        .filter(|(s, _)| s.contains("moved to another GPU"))
+        .collect();
+    assert_eq!(moved_mail.len(), 1, "{mails:?}");
+    assert!(moved_mail[0].1.contains(shared_uuid.as_str()), "{mails:?}");
+    let fresh: bool = w
+        .app
+        .one(&format!(
+            "SELECT updated_at > created_at FROM bookings WHERE id = {id}"
+        ))
+        .await;
+    assert!(fresh, "a move bumps updated_at");
 
     // Ten minutes before their start, bookings ahead stay where they are:
     // the same layout five minutes ahead leaves the whole GPU waiting.
@@ -1167,6 +1189,29 @@ async fn bookings_ahead_move_to_let_a_new_booking_in() {
         .app
         .one(&format!(
             "SELECT count(*) FROM booking_events WHERE booking_id IN ({d}, {e}) AND reason LIKE 'moved to %'"
+        ))
+        .await;
+    assert_eq!(moves, 0);
+
+    // A booking a worker has claimed stays put however far ahead it starts.
+    let later = at(time::Duration::hours(30));
+    let (_, g) = w.book(&t, ahead("3g.40gb", &later)).await;
+    let (_, h) = w.book(&t, ahead("3g.40gb", &later)).await;
+    let (g, h) = (g["id"].as_i64().unwrap(), h["id"].as_i64().unwrap());
+    spread(g, h).await;
+    sqlx::query("UPDATE bookings SET lease_owner = 'node-a', lease_until = now() + interval '1 minute' WHERE id IN ($1, $2)")
+        .bind(g)
+        .bind(h)
+        .execute(pool)
+        .await
+        .unwrap();
+    let (s, k) = w.book(&t, ahead("7g.80gb", &later)).await;
+    assert_eq!(s, StatusCode::CREATED, "{k}");
+    assert_eq!(k["status"], "queued", "{k}");
+    let moves: i64 = w
+        .app
+        .one(&format!(
+            "SELECT count(*) FROM booking_events WHERE booking_id IN ({g}, {h}) AND reason LIKE 'moved to %'"
         ))
         .await;
     assert_eq!(moves, 0);

@@ -73,10 +73,17 @@ pub(super) async fn decide(
     // MOVE_NOTICE of its start).
     let mut moves = Vec::new();
     if spot.is_err() && req.kind() == Kind::Mig {
-        let movable =
-            db::bookings::movable_mig(tx, start, end, MOVE_NOTICE.whole_seconds()).await?;
+        let notice = MOVE_NOTICE.whole_seconds();
+        let movable = db::bookings::movable_mig(tx, start, end, notice).await?;
         if !movable.is_empty() {
             if let Some((found, planned)) = plan::find_spot_moving(&fleet, req, window, &movable)? {
+                // Lock only the bookings the plan moves; one that another
+                // transaction holds (its owner cancelling, say) or that no
+                // longer qualifies spoils the plan: plan again.
+                let ids: Vec<i64> = planned.iter().map(|m| m.booking_id).collect();
+                if db::bookings::lock_movable(tx, &ids, notice).await? != ids.len() {
+                    return Err(BookingError::Retry);
+                }
                 spot = Ok(found);
                 moves = planned;
             }
@@ -104,8 +111,15 @@ pub(super) async fn decide(
                     "moved to {} GPU {} ({}), memory slices {}–{}, to make room for another booking; same time and profile",
                     m.gpu.node, m.gpu.idx, m.gpu.uuid, m.slices.0, m.slices.1
                 );
-                if !db::bookings::move_scheduled(tx, m.booking_id, m.gpu.id, m.slices, &reason)
-                    .await?
+                if !db::bookings::move_scheduled(
+                    tx,
+                    m.booking_id,
+                    m.gpu.id,
+                    m.slices,
+                    MOVE_NOTICE.whole_seconds(),
+                    &reason,
+                )
+                .await?
                 {
                     // Its row is locked: it cannot have changed. Plan again.
                     return Err(BookingError::Retry);
@@ -162,7 +176,10 @@ pub(super) async fn load_fleet(
 /// colliding on the exclusion constraint and planning again (which costs
 /// O(n²) plans under a burst). Taken after the tenant's lock, always in
 /// that order, and released at commit.
-async fn lock_placement(tx: &mut Transaction<'_, Postgres>, kind: Kind) -> sqlx::Result<()> {
+pub(super) async fn lock_placement(
+    tx: &mut Transaction<'_, Postgres>,
+    kind: Kind,
+) -> sqlx::Result<()> {
     db::bookings::advisory_xact_lock(&mut **tx, &format!("gpuslice-placement:{}", kind.as_str()))
         .await
 }
@@ -262,7 +279,7 @@ pub(super) async fn share_fits(
 /// SQLSTATE) or the share's GPU filled up: plan again.
 pub(super) fn is_lost_race(e: &BookingError) -> bool {
     matches!(e, BookingError::Retry)
-        || matches!(e, BookingError::Db(err) if db::is_exclusion_violation(err))
+        || matches!(e, BookingError::Db(err) if db::is_exclusion_violation(err) || db::is_deadlock(err))
 }
 
 /// Creates a booking: scheduled on a GPU when capacity allows, queued with

@@ -158,6 +158,13 @@ pub async fn extend(
             )));
         }
     }
+    if b.kind == Kind::Mig {
+        // A move of bookings ahead checks the overlap constraint at commit:
+        // an extension racing it into the same slot would deadlock with
+        // it. Extensions wait for placements instead (tenant, booking row,
+        // then placement: no placement waits for a booking row).
+        super::decide::lock_placement(&mut tx, Kind::Mig).await?;
+    }
     match db::bookings::set_end(&mut tx, id, new_end, total).await {
         Err(e) if db::is_exclusion_violation(&e) => {
             return Err(BookingError::Refused(format!(

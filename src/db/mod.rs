@@ -128,6 +128,12 @@ pub fn is_exclusion_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.constraint() == Some(NO_OVERLAP))
 }
 
+/// PostgreSQL broke a deadlock by aborting this transaction (40P01): a
+/// lost race, safe to plan again.
+pub fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("40P01"))
+}
+
 /// Whether `e` means the database cannot be reached or is restarting (the
 /// web layer answers 503 with `Retry-After` instead of an internal error):
 /// no connection within the pool's timeout, a broken socket, or the server

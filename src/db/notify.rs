@@ -13,7 +13,10 @@ pub const TOPICS: [(&str, &str); 10] = [
         "Critical alerts anywhere in the fleet (admins)",
     ),
     ("booking_alert", "Alerts on my bookings"),
-    ("booking_placed", "A queued booking of mine got a GPU"),
+    (
+        "booking_placed",
+        "A booking of mine got a GPU, or moved to another before its start",
+    ),
     ("booking_active", "A booking of mine is ready to use"),
     ("booking_ending", "A booking of mine ends in 15 minutes"),
     ("booking_ended", "A booking of mine ended"),
@@ -298,6 +301,10 @@ pub async fn booking_moved(
     use crate::domain::lifecycle::Status;
     let (topic, what) = match (from, to) {
         (Status::Queued, Status::Scheduled) => ("booking_placed", "got a GPU"),
+        // Only a move of a booking ahead to another GPU or slot (same time).
+        (Status::Scheduled, Status::Scheduled) => {
+            ("booking_placed", "moved to another GPU before its start")
+        }
         (_, Status::Active) => ("booking_active", "is ready to use"),
         (Status::Releasing, Status::Released | Status::Expired) => ("booking_ended", "ended"),
         (Status::Releasing, Status::Failed) => ("booking_failed", "failed"),

@@ -278,14 +278,16 @@ pub struct Move {
 const MOVE_TRIES: usize = 64;
 
 /// Places a request like [`place`]; when it does not fit as things stand,
-/// moves bookings that have not started to make room. A plan empties the
-/// request's slot on one GPU of the bookings there that overlap its
-/// window, all of them `movable(gpu, index)` (the caller's rule: not
-/// started, not within the notice before their start), and finds each of them a new
-/// slot on a GPU of the same model with the same window, largest first,
-/// by the same policy. GPUs needing the fewest moves are tried first
-/// (at most [`MOVE_TRIES`]); the first plan in which every moved booking
-/// fits wins. Live bookings are never moved (`movable` says so).
+/// moves bookings that have not started to make room. A plan empties one
+/// slot for the request on one GPU: the bookings there that overlap both
+/// its window and that slot, all of them `movable(gpu, index)` (the
+/// caller's rule: not started, not within the notice before their start),
+/// move; the GPU's other bookings stay. Each moved booking gets a new slot
+/// on a GPU of the same model with the same window, largest first, by the
+/// same policy (never its old slot: the request holds it now). GPUs
+/// needing the fewest moves are tried first (at most [`MOVE_TRIES`]); the
+/// first plan in which every moved booking fits wins. Live bookings are
+/// never moved (`movable` says so).
 pub fn place_with_moves(
     gpus: &[MigGpu],
     profile: &str,
@@ -299,8 +301,10 @@ pub fn place_with_moves(
         Ok((i, pl)) => return Ok((i, pl, Vec::new())),
         Err(r) => r,
     };
-    // GPUs where removing the movable overlapping bookings frees a slot.
-    let mut plans: Vec<(usize, Vec<usize>)> = Vec::new();
+    // For each GPU, the slot for the request that the fewest moves free:
+    // only movable bookings overlapping both its window and that slot
+    // move; the rest stay where they are.
+    let mut plans: Vec<(usize, Placement, Vec<usize>)> = Vec::new();
     for (g, gpu) in gpus.iter().enumerate() {
         let Some(p) = gpu.model.profile(profile) else {
             continue;
@@ -311,28 +315,38 @@ pub fn place_with_moves(
         let overlapping: Vec<usize> = (0..gpu.bookings.len())
             .filter(|&k| gpu.bookings[k].window.overlaps(window))
             .collect();
-        let moving: Vec<usize> = overlapping
-            .iter()
-            .copied()
-            .filter(|&k| movable(g, k))
-            .collect();
-        if moving.is_empty() {
-            continue;
-        }
         let staying: Vec<Existing> = overlapping
             .iter()
-            .filter(|k| !moving.contains(k))
+            .filter(|&&k| !movable(g, k))
             .map(|&k| Existing {
                 profile_id: gpu.bookings[k].profile_id,
                 placement: gpu.bookings[k].placement,
             })
             .collect();
-        if !mig::free_placements(gpu.model, &staying, p.nvml_id).is_empty() {
-            plans.push((g, moving));
+        if staying.len() == overlapping.len() {
+            continue;
+        }
+        let best = mig::free_placements(gpu.model, &staying, p.nvml_id)
+            .into_iter()
+            .map(|pl| {
+                let moving: Vec<usize> = overlapping
+                    .iter()
+                    .copied()
+                    .filter(|&k| mask(gpu.bookings[k].placement) & mask(pl) != 0)
+                    .collect();
+                let slices: u32 = moving
+                    .iter()
+                    .map(|&k| u32::from(gpu.bookings[k].placement.size))
+                    .sum();
+                ((moving.len(), slices, pl.start), pl, moving)
+            })
+            .min_by_key(|c| c.0);
+        if let Some((_, pl, moving)) = best {
+            plans.push((g, pl, moving));
         }
     }
-    plans.sort_by_key(|(g, moving)| (moving.len(), *g));
-    'plan: for (g, moving) in plans.into_iter().take(MOVE_TRIES) {
+    plans.sort_by_key(|(g, _, moving)| (moving.len(), *g));
+    'plan: for (g, pl, moving) in plans.into_iter().take(MOVE_TRIES) {
         let mut trial: Vec<MigGpu> = gpus.to_vec();
         let mut removed: Vec<(usize, Booked)> =
             moving.iter().map(|&k| (k, gpus[g].bookings[k])).collect();
@@ -343,16 +357,6 @@ pub fn place_with_moves(
             .filter(|(k, _)| !moving.contains(k))
             .map(|(_, b)| *b)
             .collect();
-        let Ok((_, pl)) = place(
-            std::slice::from_ref(&trial[g]),
-            profile,
-            None,
-            window,
-            policy,
-            mix,
-        ) else {
-            continue;
-        };
         let Some(p) = trial[g].model.profile(profile) else {
             continue;
         };
@@ -1048,5 +1052,41 @@ mod tests {
         )
         .unwrap();
         assert!(moves.is_empty());
+    }
+
+    #[test]
+    fn only_the_bookings_in_the_way_move() {
+        let mut gpus = h100s(2);
+        let id = |name: &str| gpus[0].model.profile(name).unwrap().nvml_id;
+        let (p1, p3) = (id("1g.10gb"), id("3g.40gb"));
+        let at = |profile_id, start, size| Booked {
+            profile_id,
+            placement: Placement { start, size },
+            window: W,
+        };
+        // GPU 0: a 3g at 0 and a 1g at 6; GPU 1: a 3g at 0. A 4g.40gb
+        // (slices 0–3 only) fits on neither until a 3g moves.
+        gpus[0].bookings = vec![at(p3, 0, 4), at(p1, 6, 1)];
+        gpus[1].bookings = vec![at(p3, 0, 4)];
+        let (g, pl, moves) = place_with_moves(
+            &gpus,
+            "4g.40gb",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |_, _| true,
+        )
+        .unwrap();
+        assert_eq!(pl, Placement { start: 0, size: 4 });
+        assert_eq!(moves.len(), 1, "only the 3g in the way moves: {moves:?}");
+        let m = moves[0];
+        assert_eq!(gpus[m.from_gpu].bookings[m.index].profile_id, p3);
+        assert_eq!(m.from_gpu, g);
+        assert_ne!(
+            (m.to_gpu, m.placement),
+            (m.from_gpu, gpus[g].bookings[m.index].placement),
+            "a move goes somewhere else"
+        );
     }
 }

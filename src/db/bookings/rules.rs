@@ -250,11 +250,9 @@ pub async fn set_end(
 
 /// Bookings ahead that may move to make room: MIG, scheduled, not claimed
 /// by a worker, starting more than `notice_s` seconds from now (the
-/// database's clock) and overlapping `[start, end)`; their rows are locked
-/// for the rest of the transaction. Rows another transaction holds are
-/// skipped (not movable now) rather than waited for: the caller holds the
-/// placement lock, which a transition holding a booking row may be waiting
-/// for.
+/// database's clock at the statement, not the transaction's start) and
+/// overlapping `[start, end)`. Read without locking: the caller plans with
+/// them and locks only those it moves ([`lock_movable`]).
 pub async fn movable_mig(
     tx: &mut Transaction<'_, Postgres>,
     start: OffsetDateTime,
@@ -264,9 +262,8 @@ pub async fn movable_mig(
     let ids = sqlx::query_scalar!(
         "SELECT id FROM bookings
          WHERE kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL
-           AND lower(during) > now() + make_interval(secs => $3)
-           AND during && tstzrange($1, $2)
-         FOR UPDATE SKIP LOCKED",
+           AND lower(during) > clock_timestamp() + make_interval(secs => $3)
+           AND during && tstzrange($1, $2)",
         start,
         end,
         notice_s as f64
@@ -276,26 +273,53 @@ pub async fn movable_mig(
     Ok(ids.into_iter().collect())
 }
 
-/// Moves a booking ahead (locked by [`movable_mig`]) to `gpu_id`, memory
-/// slices `[from, to)`, and writes it on its timeline. The overlap
-/// constraint is checked at commit (several bookings may trade places).
+/// Locks the bookings `ids` for the rest of the transaction where they may
+/// still move (as [`movable_mig`]); returns how many it locked. Rows another
+/// transaction holds are skipped rather than waited for: the caller holds
+/// the placement lock, which a transition holding a booking row may be
+/// waiting for.
+pub async fn lock_movable(
+    tx: &mut Transaction<'_, Postgres>,
+    ids: &[i64],
+    notice_s: i64,
+) -> sqlx::Result<usize> {
+    let locked = sqlx::query_scalar!(
+        "SELECT id FROM bookings
+         WHERE id = ANY($1) AND kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL
+           AND lower(during) > clock_timestamp() + make_interval(secs => $2)
+         FOR UPDATE SKIP LOCKED",
+        ids,
+        notice_s as f64
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(locked.len())
+}
+
+/// Moves a booking ahead (locked by [`lock_movable`]) to `gpu_id`, memory
+/// slices `[from, to)`, and writes it on its timeline; false (nothing
+/// changed) when it no longer may move. The overlap constraint is checked
+/// at commit (several bookings may trade places).
 pub async fn move_scheduled(
     tx: &mut Transaction<'_, Postgres>,
     id: i64,
     gpu_id: i64,
     slices: (i32, i32),
+    notice_s: i64,
     reason: &str,
 ) -> sqlx::Result<bool> {
     sqlx::query!("SET CONSTRAINTS bookings_no_overlap DEFERRED")
         .execute(&mut **tx)
         .await?;
     let moved = sqlx::query!(
-        "UPDATE bookings SET gpu_id = $2, slices = int4range($3, $4)
-         WHERE id = $1 AND kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL",
+        "UPDATE bookings SET gpu_id = $2, slices = int4range($3, $4), updated_at = now()
+         WHERE id = $1 AND kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL
+           AND lower(during) > clock_timestamp() + make_interval(secs => $5)",
         id,
         gpu_id,
         slices.0,
-        slices.1
+        slices.1,
+        notice_s as f64
     )
     .execute(&mut **tx)
     .await?
@@ -309,6 +333,15 @@ pub async fn move_scheduled(
             Some(Status::Scheduled),
             Status::Scheduled,
             reason,
+        )
+        .await?;
+        // The owner hears of it with the move itself (outbox).
+        crate::db::notify::booking_moved(
+            tx,
+            id,
+            Status::Scheduled,
+            Status::Scheduled,
+            Some(reason),
         )
         .await?;
     }
