@@ -1163,7 +1163,7 @@ async fn bookings_ahead_move_to_let_a_new_booking_in() {
     .unwrap();
     let moved_mail: Vec<_> = mails
         .iter()
-        .filter(|(s, _)| s.contains("moved to another GPU"))
+        .filter(|(s, _)| s.contains("moved to another GPU or slot"))
         .collect();
     assert_eq!(moved_mail.len(), 1, "{mails:?}");
     assert!(moved_mail[0].1.contains(shared_uuid.as_str()), "{mails:?}");

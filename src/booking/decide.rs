@@ -43,6 +43,10 @@ pub(super) enum Decision {
 /// worker may be about to claim it, and its owner has read where it is).
 pub const MOVE_NOTICE: Duration = Duration::minutes(10);
 
+/// How many plans with moves one decision tries when bookings it would move
+/// are held by another transaction.
+const MOVE_PLANS: usize = 3;
+
 /// Decides where `req` goes over `[start, end)` for `tenant`, whose row the
 /// caller has locked. `except`: the booking being placed again (the queue
 /// planner), not counted against itself. A new request is checked against
@@ -74,19 +78,27 @@ pub(super) async fn decide(
     let mut moves = Vec::new();
     if spot.is_err() && req.kind() == Kind::Mig {
         let notice = MOVE_NOTICE.whole_seconds();
-        let movable = db::bookings::movable_mig(tx, start, end, notice).await?;
-        if !movable.is_empty() {
-            if let Some((found, planned)) = plan::find_spot_moving(&fleet, req, window, &movable)? {
-                // Lock only the bookings the plan moves; one that another
-                // transaction holds (its owner cancelling, say) or that no
-                // longer qualifies spoils the plan: plan again.
-                let ids: Vec<i64> = planned.iter().map(|m| m.booking_id).collect();
-                if db::bookings::lock_movable(tx, &ids, notice).await? != ids.len() {
-                    return Err(BookingError::Retry);
-                }
+        let mut movable = db::bookings::movable_mig(tx, start, end, notice).await?;
+        // Lock only the bookings a plan moves; one that another transaction
+        // holds (its owner cancelling, say) or that no longer qualifies is
+        // left out and the plan made again without it (a few times at most;
+        // then the request waits like any that does not fit).
+        for _ in 0..MOVE_PLANS {
+            if movable.is_empty() {
+                break;
+            }
+            let Some((found, planned)) = plan::find_spot_moving(&fleet, req, window, &movable)?
+            else {
+                break;
+            };
+            let ids: Vec<i64> = planned.iter().map(|m| m.booking_id).collect();
+            let locked = db::bookings::lock_movable(tx, &ids, notice).await?;
+            if locked.len() == ids.len() {
                 spot = Ok(found);
                 moves = planned;
+                break;
             }
+            movable.retain(|id| !ids.contains(id) || locked.contains(id));
         }
     }
     let size = match &spot {
@@ -121,7 +133,8 @@ pub(super) async fn decide(
                 )
                 .await?
                 {
-                    // Its row is locked: it cannot have changed. Plan again.
+                    // Its row is locked, but its start came within the
+                    // notice meanwhile: plan again.
                     return Err(BookingError::Retry);
                 }
             }

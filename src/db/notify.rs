@@ -15,7 +15,7 @@ pub const TOPICS: [(&str, &str); 10] = [
     ("booking_alert", "Alerts on my bookings"),
     (
         "booking_placed",
-        "A booking of mine got a GPU, or moved to another before its start",
+        "A booking of mine got a GPU, or moved to another GPU or slot before its start",
     ),
     ("booking_active", "A booking of mine is ready to use"),
     ("booking_ending", "A booking of mine ends in 15 minutes"),
@@ -302,9 +302,10 @@ pub async fn booking_moved(
     let (topic, what) = match (from, to) {
         (Status::Queued, Status::Scheduled) => ("booking_placed", "got a GPU"),
         // Only a move of a booking ahead to another GPU or slot (same time).
-        (Status::Scheduled, Status::Scheduled) => {
-            ("booking_placed", "moved to another GPU before its start")
-        }
+        (Status::Scheduled, Status::Scheduled) => (
+            "booking_placed",
+            "moved to another GPU or slot before its start",
+        ),
         (_, Status::Active) => ("booking_active", "is ready to use"),
         (Status::Releasing, Status::Released | Status::Expired) => ("booking_ended", "ended"),
         (Status::Releasing, Status::Failed) => ("booking_failed", "failed"),

@@ -284,7 +284,9 @@ const MOVE_TRIES: usize = 64;
 /// caller's rule: not started, not within the notice before their start),
 /// move; the GPU's other bookings stay. Each moved booking gets a new slot
 /// on a GPU of the same model with the same window, largest first, by the
-/// same policy (never its old slot: the request holds it now). GPUs
+/// same policy (never its old slot: the request holds it now). The slot
+/// must admit the request by every rule NVIDIA sets, with the GPU's other
+/// bookings ([`mig::check_create`]), not only by overlap. GPUs
 /// needing the fewest moves are tried first (at most [`MOVE_TRIES`]); the
 /// first plan in which every moved booking fits wins. Live bookings are
 /// never moved (`movable` says so).
@@ -315,30 +317,37 @@ pub fn place_with_moves(
         let overlapping: Vec<usize> = (0..gpu.bookings.len())
             .filter(|&k| gpu.bookings[k].window.overlaps(window))
             .collect();
-        let staying: Vec<Existing> = overlapping
-            .iter()
-            .filter(|&&k| !movable(g, k))
-            .map(|&k| Existing {
-                profile_id: gpu.bookings[k].profile_id,
-                placement: gpu.bookings[k].placement,
-            })
-            .collect();
-        if staying.len() == overlapping.len() {
+        if !overlapping.iter().any(|&k| movable(g, k)) {
             continue;
         }
-        let best = mig::free_placements(gpu.model, &staying, p.nvml_id)
-            .into_iter()
-            .map(|pl| {
+        // Every slot NVIDIA allows for the request whose overlapping
+        // bookings may all move and whose remaining bookings admit it by
+        // every rule (overlap, count per profile, one +me, compute).
+        let best = p
+            .placements()
+            .filter_map(|pl| {
                 let moving: Vec<usize> = overlapping
                     .iter()
                     .copied()
                     .filter(|&k| mask(gpu.bookings[k].placement) & mask(pl) != 0)
                     .collect();
+                if moving.is_empty() || !moving.iter().all(|&k| movable(g, k)) {
+                    return None;
+                }
+                let remaining: Vec<Existing> = overlapping
+                    .iter()
+                    .filter(|k| !moving.contains(k))
+                    .map(|&k| Existing {
+                        profile_id: gpu.bookings[k].profile_id,
+                        placement: gpu.bookings[k].placement,
+                    })
+                    .collect();
+                mig::check_create(gpu.model, &remaining, p.nvml_id, pl).ok()?;
                 let slices: u32 = moving
                     .iter()
                     .map(|&k| u32::from(gpu.bookings[k].placement.size))
                     .sum();
-                ((moving.len(), slices, pl.start), pl, moving)
+                Some(((moving.len(), slices, pl.start), pl, moving))
             })
             .min_by_key(|c| c.0);
         if let Some((_, pl, moving)) = best {
@@ -1052,6 +1061,43 @@ mod tests {
         )
         .unwrap();
         assert!(moves.is_empty());
+    }
+
+    #[test]
+    fn moves_keep_every_nvidia_rule_not_only_overlap() {
+        let mut gpus = h100s(2);
+        let id = |name: &str| gpus[0].model.profile(name).unwrap().nvml_id;
+        let (p1, me) = (id("1g.10gb"), id("1g.10gb+me"));
+        let at = |profile_id, start| Booked {
+            profile_id,
+            placement: Placement { start, size: 1 },
+            window: W,
+        };
+        // GPU 0 holds the one +me it may have (slice 3) and free slice 6;
+        // GPU 1 is full of plain 1g. A second +me may not join GPU 0 even
+        // where a slot is free or freed: it goes on GPU 1, whose 1g in the
+        // way moves to GPU 0's free slice.
+        gpus[0].bookings = [0, 1, 2, 4, 5].map(|s| at(p1, s)).to_vec();
+        gpus[0].bookings.push(at(me, 3));
+        gpus[1].bookings = (0..7).map(|s| at(p1, s)).collect();
+        assert!(place(&gpus, "1g.10gb+me", None, W, MigPolicy::Gpuslice, &mix()).is_err());
+        let (g, _, moves) = place_with_moves(
+            &gpus,
+            "1g.10gb+me",
+            None,
+            W,
+            MigPolicy::Gpuslice,
+            &mix(),
+            |_, _| true,
+        )
+        .unwrap();
+        assert_eq!(g, 1, "{moves:?}");
+        assert_eq!(moves.len(), 1, "{moves:?}");
+        assert_eq!(
+            (moves[0].to_gpu, moves[0].placement.start),
+            (0, 6),
+            "{moves:?}"
+        );
     }
 
     #[test]

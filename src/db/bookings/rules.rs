@@ -274,7 +274,7 @@ pub async fn movable_mig(
 }
 
 /// Locks the bookings `ids` for the rest of the transaction where they may
-/// still move (as [`movable_mig`]); returns how many it locked. Rows another
+/// still move (as [`movable_mig`]); returns those it locked. Rows another
 /// transaction holds are skipped rather than waited for: the caller holds
 /// the placement lock, which a transition holding a booking row may be
 /// waiting for.
@@ -282,8 +282,8 @@ pub async fn lock_movable(
     tx: &mut Transaction<'_, Postgres>,
     ids: &[i64],
     notice_s: i64,
-) -> sqlx::Result<usize> {
-    let locked = sqlx::query_scalar!(
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar!(
         "SELECT id FROM bookings
          WHERE id = ANY($1) AND kind = 'mig' AND status = 'scheduled' AND lease_owner IS NULL
            AND lower(during) > clock_timestamp() + make_interval(secs => $2)
@@ -292,8 +292,7 @@ pub async fn lock_movable(
         notice_s as f64
     )
     .fetch_all(&mut **tx)
-    .await?;
-    Ok(locked.len())
+    .await
 }
 
 /// Moves a booking ahead (locked by [`lock_movable`]) to `gpu_id`, memory
