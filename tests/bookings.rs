@@ -1175,44 +1175,37 @@ async fn bookings_ahead_move_to_let_a_new_booking_in() {
         .await;
     assert!(fresh, "a move bumps updated_at");
 
+    // Two 3g.40gb spread over both GPUs from `start` (claimed by a worker
+    // when `claim` says so); a whole GPU for the same hours must then wait,
+    // and neither 3g.40gb moves.
+    let (w, t) = (&w, &t);
+    let stays_put = |start: String, claim: bool| async move {
+        let (_, d) = w.book(t, ahead("3g.40gb", &start)).await;
+        let (_, e) = w.book(t, ahead("3g.40gb", &start)).await;
+        let (d, e) = (d["id"].as_i64().unwrap(), e["id"].as_i64().unwrap());
+        spread(d, e).await;
+        if claim {
+            sqlx::query("UPDATE bookings SET lease_owner = 'node-a', lease_until = now() + interval '1 minute' WHERE id IN ($1, $2)")
+                .bind(d)
+                .bind(e)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        let (s, f) = w.book(t, ahead("7g.80gb", &start)).await;
+        assert_eq!(s, StatusCode::CREATED, "{f}");
+        assert_eq!(f["status"], "queued", "{f}");
+        let moves: i64 = w
+            .app
+            .one(&format!(
+                "SELECT count(*) FROM booking_events WHERE booking_id IN ({d}, {e}) AND reason LIKE 'moved to %'"
+            ))
+            .await;
+        assert_eq!(moves, 0);
+    };
     // Ten minutes before their start, bookings ahead stay where they are:
     // the same layout five minutes ahead leaves the whole GPU waiting.
-    let soon = at(time::Duration::minutes(5));
-    let (_, d) = w.book(&t, ahead("3g.40gb", &soon)).await;
-    let (_, e) = w.book(&t, ahead("3g.40gb", &soon)).await;
-    let (d, e) = (d["id"].as_i64().unwrap(), e["id"].as_i64().unwrap());
-    spread(d, e).await;
-    let (s, f) = w.book(&t, ahead("7g.80gb", &soon)).await;
-    assert_eq!(s, StatusCode::CREATED, "{f}");
-    assert_eq!(f["status"], "queued", "{f}");
-    let moves: i64 = w
-        .app
-        .one(&format!(
-            "SELECT count(*) FROM booking_events WHERE booking_id IN ({d}, {e}) AND reason LIKE 'moved to %'"
-        ))
-        .await;
-    assert_eq!(moves, 0);
-
+    stays_put(at(time::Duration::minutes(5)), false).await;
     // A booking a worker has claimed stays put however far ahead it starts.
-    let later = at(time::Duration::hours(30));
-    let (_, g) = w.book(&t, ahead("3g.40gb", &later)).await;
-    let (_, h) = w.book(&t, ahead("3g.40gb", &later)).await;
-    let (g, h) = (g["id"].as_i64().unwrap(), h["id"].as_i64().unwrap());
-    spread(g, h).await;
-    sqlx::query("UPDATE bookings SET lease_owner = 'node-a', lease_until = now() + interval '1 minute' WHERE id IN ($1, $2)")
-        .bind(g)
-        .bind(h)
-        .execute(pool)
-        .await
-        .unwrap();
-    let (s, k) = w.book(&t, ahead("7g.80gb", &later)).await;
-    assert_eq!(s, StatusCode::CREATED, "{k}");
-    assert_eq!(k["status"], "queued", "{k}");
-    let moves: i64 = w
-        .app
-        .one(&format!(
-            "SELECT count(*) FROM booking_events WHERE booking_id IN ({g}, {h}) AND reason LIKE 'moved to %'"
-        ))
-        .await;
-    assert_eq!(moves, 0);
+    stays_put(at(time::Duration::hours(30)), true).await;
 }

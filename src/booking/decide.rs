@@ -76,8 +76,8 @@ pub(super) async fn decide(
     // (same window, profile and model; never a live one, never within
     // MOVE_NOTICE of its start).
     let mut moves = Vec::new();
+    let notice = MOVE_NOTICE.whole_seconds();
     if spot.is_err() && req.kind() == Kind::Mig {
-        let notice = MOVE_NOTICE.whole_seconds();
         let mut movable = db::bookings::movable_mig(tx, start, end, notice).await?;
         // Lock only the bookings a plan moves; one that another transaction
         // holds (its owner cancelling, say) or that no longer qualifies is
@@ -128,7 +128,7 @@ pub(super) async fn decide(
                     m.booking_id,
                     m.gpu.id,
                     m.slices,
-                    MOVE_NOTICE.whole_seconds(),
+                    notice,
                     &reason,
                 )
                 .await?

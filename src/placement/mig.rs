@@ -305,8 +305,9 @@ pub fn place_with_moves(
     };
     // For each GPU, the slot for the request that the fewest moves free:
     // only movable bookings overlapping both its window and that slot
-    // move; the rest stay where they are.
-    let mut plans: Vec<(usize, Placement, Vec<usize>)> = Vec::new();
+    // move; the rest stay where they are. A plan: the GPU, the request's
+    // booking there, and the indices of the bookings that move.
+    let mut plans: Vec<(usize, Booked, Vec<usize>)> = Vec::new();
     for (g, gpu) in gpus.iter().enumerate() {
         let Some(p) = gpu.model.profile(profile) else {
             continue;
@@ -350,12 +351,17 @@ pub fn place_with_moves(
                 Some(((moving.len(), slices, pl.start), pl, moving))
             })
             .min_by_key(|c| c.0);
-        if let Some((_, pl, moving)) = best {
-            plans.push((g, pl, moving));
+        if let Some((_, placement, moving)) = best {
+            let new = Booked {
+                profile_id: p.nvml_id,
+                placement,
+                window,
+            };
+            plans.push((g, new, moving));
         }
     }
     plans.sort_by_key(|(g, _, moving)| (moving.len(), *g));
-    'plan: for (g, pl, moving) in plans.into_iter().take(MOVE_TRIES) {
+    'plan: for (g, new, moving) in plans.into_iter().take(MOVE_TRIES) {
         let mut trial: Vec<MigGpu> = gpus.to_vec();
         let mut removed: Vec<(usize, Booked)> =
             moving.iter().map(|&k| (k, gpus[g].bookings[k])).collect();
@@ -366,14 +372,7 @@ pub fn place_with_moves(
             .filter(|(k, _)| !moving.contains(k))
             .map(|(_, b)| *b)
             .collect();
-        let Some(p) = trial[g].model.profile(profile) else {
-            continue;
-        };
-        trial[g].bookings.push(Booked {
-            profile_id: p.nvml_id,
-            placement: pl,
-            window,
-        });
+        trial[g].bookings.push(new);
         let size = |b: &Booked| {
             gpus[g]
                 .model
@@ -407,7 +406,7 @@ pub fn place_with_moves(
                 placement: to_pl,
             });
         }
-        return Ok((g, pl, moves));
+        return Ok((g, new.placement, moves));
     }
     Err(refusal)
 }
