@@ -23,8 +23,10 @@ What is known of each family, read off the published files:
 
 Only the cpu family is reproduced exactly in kind; the others follow the
 description above and are approximations (BENCHMARKS.md says which).
-Deterministic: each variant has its own seed. Usage:
-    scripts/build-fgd-variants.py TRACES_DIR OUT_DIR
+Deterministic: each variant has its own seed; DRAW (default 0) picks
+another draw of the same recipe, to measure how much a built list's
+results depend on the draw (scripts/bench-replay-draws.sh). Usage:
+    scripts/build-fgd-variants.py TRACES_DIR OUT_DIR [DRAW]
 """
 import csv
 import os
@@ -95,9 +97,12 @@ def gpushare_variant(default, share_pool, share, rng):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: build-fgd-variants.py TRACES_DIR OUT_DIR")
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: build-fgd-variants.py TRACES_DIR OUT_DIR [DRAW]")
     src, out = sys.argv[1], sys.argv[2]
+    draw = int(sys.argv[3]) if len(sys.argv) == 4 else 0
+    # Draw 0 keeps the seeds the published tables were measured with.
+    rng = lambda name: random.Random(name if draw == 0 else "%s-draw%d" % (name, draw))
     os.makedirs(out, exist_ok=True)
     default = load(os.path.join(src, "openb_pod_list_default.csv"))
     mg50 = load(os.path.join(src, "openb_pod_list_multigpu50.csv"))
@@ -108,13 +113,13 @@ def main():
     share_pool = [p for p in gs100 if is_share(p)]
     built = {}
     for name, k in [("cpu050", 375), ("cpu100", 789), ("cpu200", 1768), ("cpu250", 2356)]:
-        built[name] = cpu_variant(default, k, random.Random("fgd-" + name))
+        built[name] = cpu_variant(default, k, rng("fgd-" + name))
     for pct in (20, 30, 40):
-        built["multigpu%d" % pct] = multigpu_variant(default, multi_pool, pct / 100, random.Random("fgd-multigpu%d" % pct))
+        built["multigpu%d" % pct] = multigpu_variant(default, multi_pool, pct / 100, rng("fgd-multigpu%d" % pct))
     for pct in (10, 20, 25):
-        built["gpuspec%02d" % pct] = gpuspec_variant(default, specs, pct / 100, random.Random("fgd-gpuspec%d" % pct))
+        built["gpuspec%02d" % pct] = gpuspec_variant(default, specs, pct / 100, rng("fgd-gpuspec%d" % pct))
     for pct in (40, 60, 80):
-        built["gpushare%d" % pct] = gpushare_variant(default, share_pool, pct / 100, random.Random("fgd-gpushare%d" % pct))
+        built["gpushare%d" % pct] = gpushare_variant(default, share_pool, pct / 100, rng("fgd-gpushare%d" % pct))
     for name, pods in built.items():
         write(os.path.join(out, "openb_pod_list_%s.csv" % name), pods)
         print("%-12s %5d pods" % (name, len(pods)))
