@@ -15,13 +15,11 @@ bin=./target/release/gpuslice
 built=target/fgd-variants
 python3 scripts/build-fgd-variants.py "$T" "$built" >/dev/null
 python3 - "$bin" "$T" "$built" "$seeds" "${FGD_LISTS:-}" <<'EOF'
-import csv, json, os, subprocess, sys
+import os, sys
+sys.path.insert(0, "scripts")
+from fgd_replay import published_means, replay
 bin, traces, built, seeds, lists = sys.argv[1:6]
-pub = {}
-with open(os.path.join(traces, "fgd-expected", "analysis_allo_discrete.csv")) as f:
-    for r in csv.DictReader(f):
-        if 42 <= int(r["seed"]) <= 51:
-            pub.setdefault((r["workload"].replace("openb_pod_list_", ""), r["sc_policy"][3:]), []).append(float(r["130"]))
+pub = published_means(traces)
 mean = lambda xs: sum(xs) / len(xs)
 work = sorted({w for w, _ in pub})
 print("%-12s %-5s %8s %8s %8s %8s %8s %7s %7s %8s" % ("workload", "from", "bestfit", "fgd", "gpuslice", "BF pub", "FGD pub", "BF err", "FGD err", "margin"))
@@ -34,10 +32,8 @@ for w in work:
         path, origin = os.path.join(traces, name), "trace"
     else:
         path, origin = os.path.join(built, name), "built"
-    out = json.loads(subprocess.check_output([bin, "bench", "replay", "--nodes", os.path.join(traces, "openb_node_list_gpu_node.csv"),
-                                              "--pods", path, "--policy", "best-fit,fgd,gpuslice", "--seeds", seeds, "--json"]))
-    got = {p["policy"]: p["allocation_pct_at_130"] for p in (out if isinstance(out, list) else [out])}
-    bf, fgd = mean(pub[(w, "BestFit")]), mean(pub[(w, "FGD")])
+    got = replay(bin, traces, path, ("best-fit", "fgd", "gpuslice"), seeds)
+    bf, fgd = pub[(w, "BestFit")], pub[(w, "FGD")]
     margins.append(got["gpuslice"] - fgd)
     print("%-12s %-5s %8.2f %8.2f %8.2f %8.2f %8.2f %+7.2f %+7.2f %+8.2f" % (w, origin, got["best-fit"], got["fgd"], got["gpuslice"], bf, fgd,
           got["best-fit"] - bf, got["fgd"] - fgd, got["gpuslice"] - fgd), flush=True)

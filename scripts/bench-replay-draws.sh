@@ -17,13 +17,11 @@ for d in $(seq 0 $((draws - 1))); do
     python3 scripts/build-fgd-variants.py "$T" "target/fgd-draws/d$d" "$d" >/dev/null
 done
 python3 - ./target/release/gpuslice "$T" target/fgd-draws "$draws" "$seeds" <<'PY'
-import csv, json, os, subprocess, sys
+import os, sys
+sys.path.insert(0, "scripts")
+from fgd_replay import published_means, replay
 bin, traces, root, draws, seeds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-pub = {}
-with open(os.path.join(traces, "fgd-expected", "analysis_allo_discrete.csv")) as f:
-    for r in csv.DictReader(f):
-        if 42 <= int(r["seed"]) <= 51:
-            pub.setdefault((r["workload"].replace("openb_pod_list_", ""), r["sc_policy"][3:]), []).append(float(r["130"]))
+pub = published_means(traces)
 mean = lambda xs: sum(xs) / len(xs)
 built = sorted(f[len("openb_pod_list_"):-4] for f in os.listdir(os.path.join(root, "d0")))
 span = lambda xs: "%+.2f (%+.2f..%+.2f)" % (mean(xs), min(xs), max(xs))
@@ -31,12 +29,10 @@ print("| workload | fgd err, mean (range) | gpuslice margin, mean (range) | draw
 print("| --- | --- | --- | --- | --- |")
 all_margins = []
 for w in built:
-    fgd_pub = mean(pub[(w, "FGD")])
+    fgd_pub = pub[(w, "FGD")]
     err, margin, here = [], [], []
     for d in range(draws):
-        out = json.loads(subprocess.check_output([bin, "bench", "replay", "--nodes", os.path.join(traces, "openb_node_list_gpu_node.csv"),
-            "--pods", os.path.join(root, "d%d" % d, "openb_pod_list_%s.csv" % w), "--policy", "fgd,gpuslice", "--seeds", seeds, "--json"]))
-        got = {p["policy"]: p["allocation_pct_at_130"] for p in out}
+        got = replay(bin, traces, os.path.join(root, "d%d" % d, "openb_pod_list_%s.csv" % w), ("fgd", "gpuslice"), seeds)
         err.append(got["fgd"] - fgd_pub)
         margin.append(got["gpuslice"] - fgd_pub)
         here.append(got["gpuslice"] - got["fgd"])

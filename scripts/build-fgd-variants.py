@@ -101,7 +101,7 @@ def main():
         sys.exit("usage: build-fgd-variants.py TRACES_DIR OUT_DIR [DRAW]")
     src, out = sys.argv[1], sys.argv[2]
     draw = int(sys.argv[3]) if len(sys.argv) == 4 else 0
-    # Draw 0 keeps the seeds the published tables were measured with.
+    # Draw 0 keeps the seeds BENCHMARKS.md's replay table was measured with.
     rng = lambda name: random.Random(name if draw == 0 else "%s-draw%d" % (name, draw))
     os.makedirs(out, exist_ok=True)
     default = load(os.path.join(src, "openb_pod_list_default.csv"))
