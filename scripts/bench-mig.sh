@@ -25,8 +25,8 @@ def run(pods, speedup, adv):
 
 mean = lambda xs: sum(xs) / len(xs)
 print("Served work by policy (%s GPUs, seeds %s)" % (gpus, seeds))
-print("| pods | speed-up | policy | accepted | served slice-hours | vs first-fit | fleet busy at refusals |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| pods | speed-up | policy | accepted | served slice-hours | vs first-fit | seeds ≥ first-fit | fleet busy at refusals |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
         by = run(pods, speedup, 0)
@@ -34,9 +34,11 @@ for pods in ("default", "gpushare100"):
         for pol in ("first-fit", "best-fit", "gpuslice", "repack-reference"):
             rs = by[pol]
             served = mean([r["served_slice_hours"] for r in rs])
-            # per-seed sign of gpuslice - first-fit
-            print("| %s | %d | %s | %.2f %% | %s | %s | %.1f %% |" % (pods, speedup, pol, mean([r["acceptance_pct"] for r in rs]),
+            # Seeds on which this policy served at least first-fit's work.
+            wins = sum(1 for x, y in zip(by["first-fit"], rs) if y["served_slice_hours"] >= x["served_slice_hours"])
+            print("| %s | %d | %s | %.2f %% | %s | %s | %s | %.1f %% |" % (pods, speedup, pol, mean([r["acceptance_pct"] for r in rs]),
                   format(round(served), ","), "—" if pol == "first-fit" else "%+.2f %%" % (100 * (served / ff - 1)),
+                  "—" if pol == "first-fit" else "%d of %d" % (wins, len(rs)),
                   mean([r["busy_pct_at_refusals"] for r in rs])), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)
