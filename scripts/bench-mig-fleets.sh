@@ -13,7 +13,9 @@ T=../shared/bench/traces
 seed=${1:-42}
 cargo build --release --quiet
 python3 - ./target/release/gpuslice "$T" "$seed" <<'PY'
-import json, subprocess, sys
+import sys
+sys.path.insert(0, "scripts")
+import mig_bench
 bin, traces, seed = sys.argv[1:4]
 loads = (1, 2, 4, 8, 16)
 cells = []
@@ -23,10 +25,8 @@ for pods in ("default", "gpushare100"):
     for gpus in (20, 30, 40, 60):
         row = []
         for s in loads:
-            out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods",
-                "%s/openb_pod_list_%s.csv" % (traces, pods), "--gpus", str(gpus),
-                "--speedup", str(s), "--seeds", seed, "--json"]))
-            served = {r["result"]["policy"]: r["result"]["served_slice_hours"] for r in out}
+            by = mig_bench.run(bin, traces, pods, gpus, s, seed)
+            served = {p: rs[int(seed)]["served_slice_hours"] for p, rs in by.items()}
             d = 100 * (served["gpuslice"] / served["first-fit"] - 1)
             cells.append(d)
             row.append("%+.2f %%" % d)

@@ -11,17 +11,13 @@ gpus=${2:-40}
 advance=${3:-30}
 cargo build --release --quiet
 python3 - ./target/release/gpuslice "$T" "$seeds" "$gpus" "$advance" <<'EOF'
-import json, subprocess, sys
-from collections import defaultdict
+import sys
+sys.path.insert(0, "scripts")
+import mig_bench
 bin, traces, seeds, gpus, advance = sys.argv[1:6]
 
-def run(pods, speedup, adv):
-    out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods", "%s/openb_pod_list_%s.csv" % (traces, pods),
-        "--gpus", gpus, "--speedup", str(speedup), "--advance", str(adv), "--seeds", seeds, "--json"]))
-    by = defaultdict(list)
-    for r in out:
-        by[r["result"]["policy"]].append(r["result"])
-    return by
+# {policy: [result per seed, in seed order]}
+ordered = lambda by_seed: {p: [r for _, r in sorted(rs.items())] for p, rs in by_seed.items()}
 
 mean = lambda xs: sum(xs) / len(xs)
 print("Served work by policy (%s GPUs, seeds %s)" % (gpus, seeds))
@@ -29,16 +25,15 @@ print("| pods | speed-up | policy | accepted | served slice-hours | vs first-fit
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
-        by = run(pods, speedup, 0)
+        by_seed = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, 0)
+        by = ordered(by_seed)
         ff = mean([r["served_slice_hours"] for r in by["first-fit"]])
         for pol in ("first-fit", "best-fit", "gpuslice", "repack-reference"):
             rs = by[pol]
             served = mean([r["served_slice_hours"] for r in rs])
-            # Seeds on which this policy served at least first-fit's work.
-            wins = sum(1 for x, y in zip(by["first-fit"], rs) if y["served_slice_hours"] >= x["served_slice_hours"])
             print("| %s | %d | %s | %.2f %% | %s | %s | %s | %.1f %% |" % (pods, speedup, pol, mean([r["acceptance_pct"] for r in rs]),
                   format(round(served), ","), "—" if pol == "first-fit" else "%+.2f %%" % (100 * (served / ff - 1)),
-                  "—" if pol == "first-fit" else "%d of %d" % (wins, len(rs)),
+                  "—" if pol == "first-fit" else "%d of %d" % (mig_bench.at_least(by_seed, pol, "first-fit"), len(rs)),
                   mean([r["busy_pct_at_refusals"] for r in rs])), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)
@@ -46,11 +41,12 @@ print("| pods | speed-up | moves | accepted | served slice-hours | vs no moves |
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
-        by = run(pods, speedup, advance)
+        by_seed = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, advance)
+        by = ordered(by_seed)
         base, moving = by["gpuslice"], by["gpuslice + moves"]
         b = mean([r["served_slice_hours"] for r in base])
         m = mean([r["served_slice_hours"] for r in moving])
-        wins = sum(1 for x, y in zip(base, moving) if y["served_slice_hours"] >= x["served_slice_hours"])
+        wins = mig_bench.at_least(by_seed, "gpuslice + moves", "gpuslice")
         notices = [r["least_notice_s"] for r in moving if r["least_notice_s"] is not None]
         print("| %s | %d | no | %.2f %% | %s | — | — | — |" % (pods, speedup, mean([r["acceptance_pct"] for r in base]), format(round(b), ",")))
         print("| %s | %d | yes | %.2f %% | %s | %+.2f %% (%d of %d seeds ≥) | %.1f | %s |" % (pods, speedup, mean([r["acceptance_pct"] for r in moving]),

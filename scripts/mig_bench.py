@@ -1,0 +1,21 @@
+"""What the MIG benchmarks share (scripts/bench-mig.sh,
+scripts/bench-mig-fleets.sh): one run of `gpuslice bench mig`."""
+import json
+import subprocess
+
+
+def run(bin, traces, pods, gpus, speedup, seeds, advance=0):
+    """{policy: {seed: result}} for one pod list, fleet size and load;
+    `seeds` as `bench mig --seeds` takes it (42 or 42..51)."""
+    out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods",
+        "%s/openb_pod_list_%s.csv" % (traces, pods), "--gpus", str(gpus),
+        "--speedup", str(speedup), "--advance", str(advance), "--seeds", str(seeds), "--json"]))
+    by = {}
+    for r in out:
+        by.setdefault(r["result"]["policy"], {})[r["seed"]] = r["result"]
+    return by
+
+
+def at_least(by, policy, base):
+    """Seeds on which `policy` served at least `base`'s slice-hours."""
+    return sum(1 for s, r in by[policy].items() if r["served_slice_hours"] >= by[base][s]["served_slice_hours"])
