@@ -20,7 +20,7 @@ bin, traces, seed = sys.argv[1:4]
 loads = (1, 2, 4, 8, 16)
 cells = []
 print("| pods | GPUs | %s |" % " | ".join("%d×" % s for s in loads))
-print("| --- | --- |%s" % " --- |" * len(loads))
+print("| --- | --- |%s" % (" --- |" * len(loads)))
 for pods in ("default", "gpushare100"):
     for gpus in (20, 30, 40, 60):
         row = []
