@@ -301,14 +301,16 @@ pub enum Policy {
     /// ties to the first node in list order.
     Fgd,
     /// gpuslice's default: FGD's node score (rounded as FGD's simulator
-    /// rounds it), and among nodes of equal score:
+    /// rounds it), and among nodes whose score is within one point of the
+    /// best (the score's own resolution, see `GPUSLICE_SCORE_TOLERANCE`):
     /// - a GPU task goes where it starves the fewest free GPUs of CPU (free
     ///   GPU the node's free CPU cannot feed at the workload's mean CPU per
     ///   GPU), then to the node left fullest in its emptiest dimension;
     /// - a CPU-only task goes to the node with the least free GPU (CPU next
     ///   to fully used GPUs is worth least to GPU tasks), then the fullest;
     ///
-    /// then the first node in the seed's node order; on that node the GPU
+    /// then the higher score, then the first node in the seed's node
+    /// order; on that node the GPU
     /// whose exact fragmentation growth is least. FGD's score sees whether
     /// one more task of each typical shape fits, not whether the CPU left
     /// can feed all the free GPUs, and FGD sends ties to the first node of
@@ -343,6 +345,14 @@ impl Policy {
             })
     }
 }
+
+/// Scores of gpuslice's replay policy this close to the best (in points of
+/// FGD's 0–100 node score) count as equal. FGD truncates its score to an
+/// integer, so two nodes a point apart may differ by next to nothing while
+/// two with the same score differ by almost a point: one point is the
+/// score's own resolution. Within it, gpuslice's keys decide (see
+/// [`Policy::Gpuslice`]).
+const GPUSLICE_SCORE_TOLERANCE: f64 = 1.0;
 
 /// The fleet during a replay, with a memo of node fragmentation by state.
 pub struct Cluster {
@@ -468,12 +478,12 @@ impl Cluster {
     fn by_fragmentation(&mut self, t: &Task, policy: Policy) -> Option<Pick> {
         // Nodes in the same state score the same: evaluate each state once.
         let mut by_state: HashMap<u128, (i32, f64)> = HashMap::new();
-        // The first node in list order among the best scores wins: this
+        // FGD: the first node in list order among the best scores wins: this
         // reproduces the published FGD and best-fit figures (uniform random
         // choice among equal scores does not: FGD drops to about 91.6 % on
         // the default trace), and it packs, which is what makes near-equal
         // choices good.
-        let mut best: Option<(f64, Pick, (f64, f64))> = None;
+        let mut all: Vec<(f64, Pick, (f64, f64))> = Vec::new();
         for i in 0..self.nodes.len() {
             let s = self.nodes[i];
             if !s.fits(t) {
@@ -496,8 +506,8 @@ impl Cluster {
                     (c, score)
                 }
             };
-            // gpuslice's keys among equal scores (see `Policy::Gpuslice`),
-            // then the first in order; FGD: the first in order.
+            // gpuslice's keys (see `Policy::Gpuslice`), used below among the
+            // scores within the tolerance; FGD has none.
             let tie = if policy == Policy::Gpuslice {
                 let after = s.with(t, &choice);
                 if t.num_gpu == 0 {
@@ -509,10 +519,23 @@ impl Cluster {
             } else {
                 (0.0, 0.0)
             };
-            if best.as_ref().is_none_or(|b| {
-                score > b.0 || (score == b.0 && tie.partial_cmp(&b.2) == Some(Ordering::Greater))
+            all.push((score, Pick { node: i, choice }, tie));
+        }
+        // FGD: the best score, the first in order. gpuslice: every score
+        // within `GPUSLICE_SCORE_TOLERANCE` of the best counts as equal;
+        // among them its keys, then the higher score, then the first.
+        let tolerance = if policy == Policy::Gpuslice {
+            GPUSLICE_SCORE_TOLERANCE
+        } else {
+            0.0
+        };
+        let top = all.iter().map(|c| c.0).fold(f64::MIN, f64::max);
+        let mut best: Option<&(f64, Pick, (f64, f64))> = None;
+        for c in all.iter().filter(|c| c.0 >= top - tolerance) {
+            if best.is_none_or(|b| {
+                (c.2 .0, c.2 .1, c.0).partial_cmp(&(b.2 .0, b.2 .1, b.0)) == Some(Ordering::Greater)
             }) {
-                best = Some((score, Pick { node: i, choice }, tie));
+                best = Some(c);
             }
         }
         best.map(|b| b.1)
@@ -740,6 +763,43 @@ mod tests {
         assert_eq!(c.place(&heavy, Policy::Gpuslice), Some(0));
         // An 8-CPU task starves nothing on either: the fuller node wins.
         assert_eq!(c.place(&task(8000, 1, 1000), Policy::Gpuslice), Some(1));
+    }
+
+    #[test]
+    fn gpuslice_counts_scores_a_point_apart_as_equal() {
+        // Node 0: every GPU free, 64 CPU. Node 1: one GPU free, 34 CPU. GPU
+        // tasks ask 30 CPU and a whole GPU. A 5-CPU task on node 1 leaves 29
+        // CPU: its last GPU can no longer take a GPU task, so fragmentation
+        // grows by that GPU times the GPU shape's weight; on node 0 it does
+        // not grow. Where GPU tasks are rare (1 in 25), that is 40 milli-GPU:
+        // FGD scores 50 against 49 and takes node 0; gpuslice counts the two
+        // as equal and puts the CPU next to used GPUs (node 1). Where they
+        // are half the tasks, node 1 scores 37: gpuslice follows the score.
+        for (gpu_tasks, cpu_tasks, fgd_score_1, gpuslice_wants) in
+            [(1, 24, 49.0, 1), (1, 1, 37.0, 0)]
+        {
+            let mut tasks = vec![task(30_000, 1, 1000); gpu_tasks];
+            tasks.extend(vec![task(4000, 0, 0); cpu_tasks]);
+            let shapes = typical_shapes(&tasks, 1.0);
+            let fresh = || {
+                let mut c = Cluster::new(&[node(8), node(8)], shapes.clone(), 30.0);
+                c.nodes[1].gpu_left = [0, 0, 0, 0, 0, 0, 0, 1000];
+                c.nodes[1].cpu_left = 34_000;
+                c
+            };
+            let small = task(5000, 0, 0);
+            let mut c = fresh();
+            let (n0, n1) = (c.nodes[0], c.nodes[1]);
+            assert_eq!(c.evaluate(&n0, &small, Policy::Fgd).1, 50.0);
+            assert_eq!(c.evaluate(&n1, &small, Policy::Fgd).1, fgd_score_1);
+            assert_eq!(c.place(&small, Policy::Fgd), Some(0));
+            assert_eq!(
+                fresh().place(&small, Policy::Gpuslice),
+                Some(gpuslice_wants),
+                "{gpu_tasks} GPU tasks in {}",
+                gpu_tasks + cpu_tasks
+            );
+        }
     }
 
     #[test]
