@@ -540,6 +540,28 @@ async fn the_same_idempotency_key_makes_one_booking() {
 }
 
 #[tokio::test]
+async fn a_malformed_idempotency_key_is_refused_and_books_nothing() {
+    let w = World::new(FLEET).await;
+    w.tenant("lab", &[]).await;
+    let t = w.person("ana@uni.edu", "none", &["lab"]).await;
+    let long = "k".repeat(201);
+    for key in ["run\t42", long.as_str()] {
+        let r = reqwest::Client::new()
+            .post(w.app.url("/api/v1/bookings"))
+            .bearer_auth(&t)
+            .header("Idempotency-Key", key)
+            .json(&mig("lab", "1g.10gb", 1))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_client_error(), "{key:?}: {}", r.status());
+        let body: Value = r.json().await.unwrap();
+        assert!(body.to_string().contains("Idempotency-Key"), "{body}");
+    }
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 0);
+}
+
+#[tokio::test]
 async fn a_hundred_concurrent_posts_never_exceed_the_quota_nor_fail() {
     let w = World::new(FLEET).await;
     w.tenant("lab", &[("active", "5")]).await;

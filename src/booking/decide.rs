@@ -305,10 +305,12 @@ pub async fn create(
     settings: &Settings,
 ) -> Result<Created, BookingError> {
     if let Some(key) = idempotency_key {
-        if key.is_empty() || key.len() > 200 {
+        // Printable ASCII only, as the API's schema says: a header value may
+        // also carry tabs, which would make two keys that look the same.
+        if key.is_empty() || key.len() > 200 || !key.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
             return Err(BookingError::Invalid(vec![(
                 "Idempotency-Key",
-                "give 1 to 200 characters".into(),
+                "give 1 to 200 printable ASCII characters (no tabs)".into(),
             )]));
         }
         if let Some(id) = db::bookings::by_idempotency_key(pool, who.user_id, key).await? {

@@ -151,7 +151,7 @@ pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
 /// `Idempotency-Key` seen before, 200 with the booking it made.
 #[utoipa::path(post, path = "/bookings",
     request_body = BookingBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 200 characters; a repeat returns the first answer")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "1 to 200 printable ASCII characters (no tabs); a repeat returns the first answer")),
     responses(
         (status = 201, body = BookingView),
         (status = 200, body = BookingView, description = "replayed by Idempotency-Key"),
