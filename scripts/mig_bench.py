@@ -16,6 +16,7 @@ def run(bin, traces, pods, gpus, speedup, seeds, advance=0):
     return by
 
 
-def at_least(by, policy, base):
-    """Seeds on which `policy` served at least `base`'s slice-hours."""
-    return sum(1 for s, r in by[policy].items() if r["served_slice_hours"] >= by[base][s]["served_slice_hours"])
+def at_least(by, policy, base, key="served_slice_hours"):
+    """Seeds on which `policy` served at least `base`'s slice-hours (or
+    another figure of the result, `key`)."""
+    return sum(1 for s, r in by[policy].items() if r[key] >= by[base][s][key])

@@ -147,6 +147,14 @@ pub struct MigResult {
     pub acceptance_pct: f64,
     /// Compute slices × hours of the accepted requests: the work served.
     pub served_slice_hours: f64,
+    /// The same, counted only between the stream's first and last arrival:
+    /// the work done while requests were still coming, without the tail of
+    /// long bookings that run on after the last one (no one competes for
+    /// the fleet then).
+    pub served_in_window_slice_hours: f64,
+    /// `served_in_window_slice_hours` as a share of the fleet's compute
+    /// slice-hours over the same window.
+    pub window_busy_pct: f64,
     /// Mean over arrivals of the fleet's stranded memory slices.
     pub mean_stranded_slices: f64,
     /// Mean over refused requests of the share of the fleet's compute
@@ -309,6 +317,11 @@ fn replay(
     let mix = mix_of(requests);
     let mut accepted = 0;
     let mut served = 0.0;
+    let mut served_in_window = 0.0;
+    let horizon = (
+        requests.iter().map(|r| r.arrive).min().unwrap_or(0),
+        requests.iter().map(|r| r.arrive).max().unwrap_or(0),
+    );
     let mut stranded_sum = 0.0;
     let mut busy_sum = 0.0;
     let mut refused = 0usize;
@@ -335,6 +348,8 @@ fn replay(
             if let Some(notices) = decide(&mut fleet, booking, &mix, r.booked) {
                 accepted += 1;
                 served += f64::from(p.compute_slices) * window.len() as f64 / 3600.0;
+                let inside = window.end.min(horizon.1) - window.start.max(horizon.0);
+                served_in_window += f64::from(p.compute_slices) * inside.max(0) as f64 / 3600.0;
                 moves += notices.len();
                 least_notice = notices.into_iter().chain(least_notice).min();
             } else {
@@ -376,6 +391,15 @@ fn replay(
         accepted,
         acceptance_pct: 100.0 * accepted as f64 / requests.len().max(1) as f64,
         served_slice_hours: served,
+        served_in_window_slice_hours: served_in_window,
+        window_busy_pct: {
+            let capacity = fleet_compute * (horizon.1 - horizon.0) as f64 / 3600.0;
+            if capacity > 0.0 {
+                100.0 * served_in_window / capacity
+            } else {
+                0.0
+            }
+        },
         mean_stranded_slices: stranded_sum / samples,
         busy_pct_at_refusals: if refused == 0 {
             0.0
@@ -384,5 +408,32 @@ fn replay(
         },
         moves,
         least_notice_s: least_notice,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(arrive: i64, hours: i64, profile: &'static str) -> Request {
+        Request {
+            booked: arrive,
+            arrive,
+            depart: arrive + hours * 3600,
+            profile,
+        }
+    }
+
+    #[test]
+    fn served_work_counts_the_window_of_arrivals_apart_from_the_tail() {
+        // Two GPUs: a 7g for 2 h from 0, a 1g for 10 h from 1 h. The
+        // arrivals span one hour, in which only the 7g runs: 7 of the
+        // fleet's 14 compute slice-hours.
+        let stream = [request(0, 2, "7g.80gb"), request(3600, 10, "1g.10gb")];
+        let r = run(&stream, 2, MigPolicy::FirstFit);
+        assert_eq!(r.accepted, 2);
+        assert!((r.served_slice_hours - 24.0).abs() < 1e-9, "{r:?}");
+        assert!((r.served_in_window_slice_hours - 7.0).abs() < 1e-9, "{r:?}");
+        assert!((r.window_busy_pct - 50.0).abs() < 1e-9, "{r:?}");
     }
 }

@@ -145,13 +145,15 @@ fn bench_mig(
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(
-                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours, stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
+                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours ({:9.0} before the last arrival, fleet {:4.1} % busy), stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
                     r.policy,
                     r.accepted,
                     r.requests,
                     r.acceptance_pct,
                     100.0 * (r.accepted as f64 / base_acc.max(1) as f64 - 1.0),
                     r.served_slice_hours,
+                    r.served_in_window_slice_hours,
+                    r.window_busy_pct,
                     r.mean_stranded_slices,
                     r.busy_pct_at_refusals,
                     r.moves,
