@@ -22,6 +22,10 @@ print("Served work by policy (%s GPUs, seeds %s)" % (gpus, seeds))
 print("| pods | speed-up | policy | accepted | served slice-hours | vs first-fit | seeds ≥ first-fit | served after the last arrival | served before it, vs first-fit | seeds ≥ first-fit | fleet busy before it | fleet busy at refusals |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 W = "served_in_window_slice_hours"
+def vs(pol, x, base):
+    return "—" if pol == "first-fit" else "%+.2f %%" % (100 * (x / base - 1))
+def wins(by_seed, pol, key):
+    return "—" if pol == "first-fit" else "%d of %d" % (mig_bench.at_least(by_seed, pol, "first-fit", key), len(by_seed[pol]))
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
         by_seed = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, 0)
@@ -32,11 +36,9 @@ for pods in ("default", "gpushare100"):
             rs = by[pol]
             served = mean([r["served_slice_hours"] for r in rs])
             inside = mean([r[W] for r in rs])
-            vs = lambda x, base: "—" if pol == "first-fit" else "%+.2f %%" % (100 * (x / base - 1))
-            wins = lambda key: "—" if pol == "first-fit" else "%d of %d" % (mig_bench.at_least(by_seed, pol, "first-fit", key), len(rs))
             print("| %s | %d | %s | %.2f %% | %s | %s | %s | %.0f %% | %s | %s | %.1f %% | %.1f %% |" % (pods, speedup, pol, mean([r["acceptance_pct"] for r in rs]),
-                  format(round(served), ","), vs(served, ff), wins("served_slice_hours"), 100 * (1 - inside / served),
-                  vs(inside, ffw), wins(W), mean([r["window_busy_pct"] for r in rs]),
+                  format(round(served), ","), vs(pol, served, ff), wins(by_seed, pol, "served_slice_hours"), 100 * (1 - inside / served),
+                  vs(pol, inside, ffw), wins(by_seed, pol, W), mean([r["window_busy_pct"] for r in rs]),
                   mean([r["busy_pct_at_refusals"] for r in rs])), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)

@@ -318,10 +318,12 @@ fn replay(
     let mut accepted = 0;
     let mut served = 0.0;
     let mut served_in_window = 0.0;
-    let horizon = (
-        requests.iter().map(|r| r.arrive).min().unwrap_or(0),
-        requests.iter().map(|r| r.arrive).max().unwrap_or(0),
-    );
+    // From the first arrival to the last: while requests still compete.
+    let arrivals = Window {
+        start: requests.iter().map(|r| r.arrive).min().unwrap_or(0),
+        end: requests.iter().map(|r| r.arrive).max().unwrap_or(0),
+    };
+    let slice_hours = |compute: u8, secs: i64| f64::from(compute) * secs as f64 / 3600.0;
     let mut stranded_sum = 0.0;
     let mut busy_sum = 0.0;
     let mut refused = 0usize;
@@ -347,9 +349,8 @@ fn replay(
             };
             if let Some(notices) = decide(&mut fleet, booking, &mix, r.booked) {
                 accepted += 1;
-                served += f64::from(p.compute_slices) * window.len() as f64 / 3600.0;
-                let inside = window.end.min(horizon.1) - window.start.max(horizon.0);
-                served_in_window += f64::from(p.compute_slices) * inside.max(0) as f64 / 3600.0;
+                served += slice_hours(p.compute_slices, window.len());
+                served_in_window += slice_hours(p.compute_slices, window.overlap_len(arrivals));
                 moves += notices.len();
                 least_notice = notices.into_iter().chain(least_notice).min();
             } else {
@@ -393,7 +394,7 @@ fn replay(
         served_slice_hours: served,
         served_in_window_slice_hours: served_in_window,
         window_busy_pct: {
-            let capacity = fleet_compute * (horizon.1 - horizon.0) as f64 / 3600.0;
+            let capacity = fleet_compute * arrivals.len() as f64 / 3600.0;
             if capacity > 0.0 {
                 100.0 * served_in_window / capacity
             } else {

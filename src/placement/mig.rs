@@ -29,6 +29,11 @@ impl Window {
     pub fn is_empty(self) -> bool {
         self.end <= self.start
     }
+
+    /// Seconds this window shares with `other` (0 when they do not meet).
+    pub fn overlap_len(self, other: Window) -> i64 {
+        (self.end.min(other.end) - self.start.max(other.start)).max(0)
+    }
 }
 
 /// A booking holding a slot on a GPU.
@@ -785,6 +790,16 @@ mod tests {
             window: w,
         });
         Ok(r)
+    }
+
+    #[test]
+    fn overlap_len_counts_only_the_shared_seconds() {
+        let w = |start, end| Window { start, end };
+        assert_eq!(w(0, 10).overlap_len(w(5, 20)), 5);
+        assert_eq!(w(5, 20).overlap_len(w(0, 10)), 5);
+        assert_eq!(w(2, 4).overlap_len(w(0, 10)), 2);
+        assert_eq!(w(0, 10).overlap_len(w(10, 20)), 0);
+        assert_eq!(w(30, 40).overlap_len(w(0, 10)), 0);
     }
 
     #[test]
