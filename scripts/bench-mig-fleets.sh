@@ -5,18 +5,21 @@
 # times (default, gpushare100). One seed: the seed only orders simultaneous
 # arrivals and draws the length of pods without a deletion time, so other
 # seeds are not independent samples (BENCHMARKS.md). Prints one line per
-# fleet, then how many cells are at or above first-fit.
-# Usage: scripts/bench-mig-fleets.sh [SEED]
+# fleet, then how many cells are at or above first-fit. MIX is the profile
+# mix the default policy keeps room for (`bench mig --mix`): booked (the
+# last 30 days of bookings, as the booking path) or stream.
+# Usage: scripts/bench-mig-fleets.sh [SEED] [MIX]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=../shared/bench/traces
 seed=${1:-42}
+mix=${2:-booked}
 cargo build --release --quiet
-python3 - ./target/release/gpuslice "$T" "$seed" <<'PY'
+python3 - ./target/release/gpuslice "$T" "$seed" "$mix" <<'PY'
 import sys
 sys.path.insert(0, "scripts")
 import mig_bench
-bin, traces, seed = sys.argv[1:4]
+bin, traces, seed, mix = sys.argv[1:5]
 loads = (1, 2, 4, 8, 16)
 cells = []
 print("| pods | GPUs | %s |" % " | ".join("%d×" % s for s in loads))
@@ -25,7 +28,7 @@ for pods in ("default", "gpushare100"):
     for gpus in (20, 30, 40, 60):
         row = []
         for s in loads:
-            by = mig_bench.run(bin, traces, pods, gpus, s, seed)
+            by = mig_bench.run(bin, traces, pods, gpus, s, seed, mix=mix)
             served = {p: rs[int(seed)]["served_slice_hours"] for p, rs in by.items()}
             d = 100 * (served["gpuslice"] / served["first-fit"] - 1)
             cells.append(d)

@@ -4,12 +4,13 @@ import json
 import subprocess
 
 
-def run(bin, traces, pods, gpus, speedup, seeds, advance=0):
+def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="booked"):
     """{policy: {seed: result}} for one pod list, fleet size and load;
-    `seeds` as `bench mig --seeds` takes it (42 or 42..51)."""
+    `seeds` as `bench mig --seeds` takes it (42 or 42..51), `mix` as
+    `bench mig --mix` (booked or stream)."""
     out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods",
         "%s/openb_pod_list_%s.csv" % (traces, pods), "--gpus", str(gpus),
-        "--speedup", str(speedup), "--advance", str(advance), "--seeds", str(seeds), "--json"]))
+        "--speedup", str(speedup), "--advance", str(advance), "--mix", mix, "--seeds", str(seeds), "--json"]))
     by = {}
     for r in out:
         by.setdefault(r["result"]["policy"], {})[r["seed"]] = r["result"]

@@ -240,5 +240,35 @@ fn latency_and_mig_benchmarks_run_small() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--advance is a percentage"));
+    // The mix the default policy keeps room for: the booking path's (the
+    // default) or the whole stream's. Only the default policy reads it.
+    let with_mix = |mix: &str| -> Vec<serde_json::Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+            .args(["bench", "mig", "--gpus", "6", "--speedup", "4", "--json"])
+            .args(["--mix", mix, "--pods"])
+            .arg(&pods)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        rows.as_array().unwrap().clone()
+    };
+    let (booked, stream) = (with_mix("booked"), with_mix("stream"));
+    for (b, s) in booked.iter().zip(&stream) {
+        if b["result"]["policy"] != "gpuslice" {
+            assert_eq!(b, s);
+        }
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["bench", "mig", "--mix", "future", "--pods"])
+        .arg(&pods)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--mix is booked"));
     let _ = std::fs::remove_dir_all(&dir);
 }

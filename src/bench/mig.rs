@@ -19,10 +19,11 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::gpu::catalog::{self, Placement};
+use crate::gpu::catalog::{self, Model, Placement};
 use crate::gpu::mig::Existing;
 use crate::placement::mig::{
-    place, place_with_moves, stranded_slices, Booked, MigGpu, MigPolicy, Move, ProfileMix, Window,
+    default_mix, place, place_with_moves, stranded_slices, Booked, MigGpu, MigPolicy, Move,
+    ProfileMix, Window,
 };
 
 /// One MIG request of the stream.
@@ -181,11 +182,73 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
     )
 }
 
-/// Replays the stream on `gpus` H100-80GB under `policy`.
-pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
-    replay(requests, gpus, policy.name(), |fleet, booking, mix, _| {
-        place_on(fleet, booking, policy, mix).then_some(Vec::new())
-    })
+/// The window of bookings the booking path reads its profile mix from
+/// (`db::bookings::rules::recent_profile_counts`: the last 30 days).
+pub const MIX_WINDOW_S: i64 = 30 * 86_400;
+
+/// Which profile mix the default policy keeps room for in the replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixSource {
+    /// What the booking path does: the profiles of the bookings made in
+    /// the last [`MIX_WINDOW_S`] of replay time, every profile equally
+    /// until there are 20 of them ([`ProfileMix::from_counts`]).
+    Booked,
+    /// The whole stream's requests, refused and future ones included: a
+    /// mix the live system cannot know, kept for comparison.
+    Stream,
+}
+
+impl MixSource {
+    pub fn parse(s: &str) -> Option<MixSource> {
+        match s {
+            "booked" => Some(MixSource::Booked),
+            "stream" => Some(MixSource::Stream),
+            _ => None,
+        }
+    }
+}
+
+/// The profiles of the bookings made in the last [`MIX_WINDOW_S`], kept
+/// as running counts.
+#[derive(Default)]
+struct TrailingMix {
+    made: std::collections::VecDeque<(i64, &'static str)>,
+    counts: std::collections::BTreeMap<&'static str, i64>,
+}
+
+impl TrailingMix {
+    fn push(&mut self, at: i64, profile: &'static str) {
+        self.made.push_back((at, profile));
+        *self.counts.entry(profile).or_default() += 1;
+    }
+
+    /// The mix at `now`: bookings made after `now - MIX_WINDOW_S`, or every
+    /// profile of `model` equally while they are fewer than 20.
+    fn at(&mut self, now: i64, model: &Model) -> ProfileMix {
+        while let Some(&(at, profile)) = self.made.front() {
+            if at > now - MIX_WINDOW_S {
+                break;
+            }
+            self.made.pop_front();
+            if let Some(n) = self.counts.get_mut(profile) {
+                *n -= 1;
+            }
+        }
+        ProfileMix::from_counts(self.counts.iter().map(|(p, n)| (*p, *n)))
+            .unwrap_or_else(|| default_mix(model))
+    }
+}
+
+/// Replays the stream on `gpus` H100-80GB under `policy`, keeping room
+/// for the profile mix of `mix`.
+pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy, mix: MixSource) -> MigResult {
+    replay(
+        requests,
+        gpus,
+        policy.name(),
+        mix,
+        |fleet, booking, mix, _| place_on(fleet, booking, policy, mix).then_some(Vec::new()),
+    )
 }
 
 /// Bookings ahead are moved no later than this before their start.
@@ -195,9 +258,14 @@ pub const MOVE_NOTICE_S: i64 = 600;
 /// request does not fit, bookings that start more than
 /// [`MOVE_NOTICE_S`] after the request is made may move to another GPU or
 /// slot (same window and profile) to let it in ([`place_with_moves`]).
-pub fn run_moving(requests: &[Request], gpus: usize, policy: MigPolicy) -> MigResult {
+pub fn run_moving(
+    requests: &[Request],
+    gpus: usize,
+    policy: MigPolicy,
+    mix: MixSource,
+) -> MigResult {
     let name = format!("{} + moves", policy.name());
-    replay(requests, gpus, &name, |fleet, booking, mix, now| {
+    replay(requests, gpus, &name, mix, |fleet, booking, mix, now| {
         let p = fleet.first()?.model.profile_by_id(booking.profile_id)?;
         let profile = p.name.clone();
         let (g, placement, moves) = {
@@ -244,6 +312,7 @@ pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
         requests,
         gpus,
         "repack-reference",
+        MixSource::Stream, // first-fit keeps room for no mix
         |fleet, booking, mix, _| {
             if place_on(fleet, booking, MigPolicy::FirstFit, mix) {
                 return Some(Vec::new());
@@ -305,6 +374,7 @@ fn replay(
     requests: &[Request],
     gpus: usize,
     name: &str,
+    mix_source: MixSource,
     mut decide: impl FnMut(&mut Vec<MigGpu>, Booked, &ProfileMix, i64) -> Option<Vec<i64>>,
 ) -> MigResult {
     let model = catalog::model("H100-80GB").unwrap_or(&catalog::models()[1]);
@@ -314,7 +384,10 @@ fn replay(
             bookings: Vec::new(),
         })
         .collect();
-    let mix = mix_of(requests);
+    // Stranding is measured against the stream's mix whatever the policy
+    // keeps room for, so that every run is measured alike.
+    let yardstick = mix_of(requests);
+    let mut trailing = TrailingMix::default();
     let mut accepted = 0;
     let mut served = 0.0;
     let mut served_in_window = 0.0;
@@ -347,7 +420,12 @@ fn replay(
                 },
                 window,
             };
+            let mix = match mix_source {
+                MixSource::Booked => trailing.at(r.booked, model),
+                MixSource::Stream => yardstick.clone(),
+            };
             if let Some(notices) = decide(&mut fleet, booking, &mix, r.booked) {
+                trailing.push(r.booked, r.profile);
                 accepted += 1;
                 served += slice_hours(p.compute_slices, window.len());
                 served_in_window += slice_hours(p.compute_slices, window.overlap_len(arrivals));
@@ -378,7 +456,7 @@ fn replay(
                             placement: b.placement,
                         })
                         .collect();
-                    stranded_slices(model, &present, &mix)
+                    stranded_slices(model, &present, &yardstick)
                 })
                 .sum();
             stranded_sum += f64::from(s);
@@ -431,10 +509,34 @@ mod tests {
         // arrivals span one hour, in which only the 7g runs: 7 of the
         // fleet's 14 compute slice-hours.
         let stream = [request(0, 2, "7g.80gb"), request(3600, 10, "1g.10gb")];
-        let r = run(&stream, 2, MigPolicy::FirstFit);
+        let r = run(&stream, 2, MigPolicy::FirstFit, MixSource::Booked);
         assert_eq!(r.accepted, 2);
         assert!((r.served_slice_hours - 24.0).abs() < 1e-9, "{r:?}");
         assert!((r.served_in_window_slice_hours - 7.0).abs() < 1e-9, "{r:?}");
         assert!((r.window_busy_pct - 50.0).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn the_booked_mix_is_the_last_30_days_of_bookings_and_equal_before_20() {
+        let model = catalog::model("H100-80GB").expect("H100-80GB in the catalog");
+        let weight = |m: &ProfileMix, name: &str| {
+            m.0.iter().find(|(p, _)| p == name).map_or(0.0, |(_, w)| *w)
+        };
+        let mut t = TrailingMix::default();
+        for k in 0..19 {
+            t.push(k, "1g.10gb");
+        }
+        // 19 bookings: too few to say, every profile equally.
+        let equal = t.at(100, model);
+        assert_eq!(equal.0.len(), default_mix(model).0.len());
+        assert!(weight(&equal, "1g.10gb") < 0.5, "{equal:?}");
+        t.push(200, "7g.80gb");
+        let mixed = t.at(300, model);
+        assert!((weight(&mixed, "1g.10gb") - 0.95).abs() < 1e-9, "{mixed:?}");
+        assert!((weight(&mixed, "7g.80gb") - 0.05).abs() < 1e-9, "{mixed:?}");
+        // Thirty days on, the 1g bookings have left the window: one booking
+        // is too few again.
+        let later = t.at(MIX_WINDOW_S + 150, model);
+        assert_eq!(later.0.len(), default_mix(model).0.len(), "{later:?}");
     }
 }

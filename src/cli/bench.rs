@@ -15,9 +15,10 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             gpus,
             speedup,
             advance,
+            mix,
             seeds,
             json,
-        } => return bench_mig(pods, *gpus, *speedup, *advance, seeds, *json),
+        } => return bench_mig(pods, *gpus, *speedup, *advance, mix, seeds, *json),
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -107,6 +108,7 @@ fn bench_mig(
     gpus: usize,
     speedup: f64,
     advance: f64,
+    mix: &str,
     seeds: &str,
     json: bool,
 ) -> Result<()> {
@@ -121,6 +123,9 @@ fn bench_mig(
     if !(0.0..=100.0).contains(&advance) {
         bail!("--advance is a percentage of requests booked ahead, 0 to 100");
     }
+    let Some(mix) = mig::MixSource::parse(mix) else {
+        bail!("--mix is booked (the last 30 days of bookings, as the booking path) or stream (the whole stream's requests), not {mix:?}");
+    };
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
         let stream = mig::stream(pods, seed, speedup, advance / 100.0).map_err(|e| anyhow!(e))?;
@@ -138,8 +143,8 @@ fn bench_mig(
         for (p, moving) in runs {
             let started = std::time::Instant::now();
             let r = match p {
-                Some(p) if moving => mig::run_moving(&stream, gpus, p),
-                Some(p) => mig::run(&stream, gpus, p),
+                Some(p) if moving => mig::run_moving(&stream, gpus, p, mix),
+                Some(p) => mig::run(&stream, gpus, p, mix),
                 None => mig::run_repack(&stream, gpus),
             };
             let base_acc = *base.get_or_insert(r.accepted);

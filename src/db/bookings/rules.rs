@@ -105,7 +105,8 @@ pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Resul
     .await
 }
 
-/// Profiles asked for in the last 30 days, by model: the mix placement keeps room for.
+/// Profiles asked for in the last 30 days, by model: the mix placement keeps room for
+/// (`bench mig` replays the same window: `bench::mig::MIX_WINDOW_S`).
 pub async fn recent_profile_counts(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Vec<(String, String, i64)>> {
