@@ -6,14 +6,14 @@
 # arrivals and draws the length of pods without a deletion time, so other
 # seeds are not independent samples (BENCHMARKS.md). Prints one line per
 # fleet, then how many cells are at or above first-fit. MIX is the profile
-# mix the default policy keeps room for (`bench mig --mix`): booked (the
-# last 30 days of bookings, as the booking path) or stream.
+# mix the default policy keeps room for (`bench mig --mix`): recent (the
+# last 30 days of requests, as the booking path) or stream.
 # Usage: scripts/bench-mig-fleets.sh [SEED] [MIX]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T=../shared/bench/traces
 seed=${1:-42}
-mix=${2:-booked}
+mix=${2:-recent}
 cargo build --release --quiet
 python3 - ./target/release/gpuslice "$T" "$seed" "$mix" <<'PY'
 import sys

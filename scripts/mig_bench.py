@@ -4,10 +4,10 @@ import json
 import subprocess
 
 
-def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="booked"):
+def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="recent"):
     """{policy: {seed: result}} for one pod list, fleet size and load;
     `seeds` as `bench mig --seeds` takes it (42 or 42..51), `mix` as
-    `bench mig --mix` (booked or stream)."""
+    `bench mig --mix` (recent or stream)."""
     out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods",
         "%s/openb_pod_list_%s.csv" % (traces, pods), "--gpus", str(gpus),
         "--speedup", str(speedup), "--advance", str(advance), "--mix", mix, "--seeds", str(seeds), "--json"]))

@@ -182,33 +182,24 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
     )
 }
 
-/// The window of bookings the booking path reads its profile mix from
+/// The window of requests the booking path reads its profile mix from
 /// (`db::bookings::rules::recent_profile_counts`: the last 30 days).
 pub const MIX_WINDOW_S: i64 = 30 * 86_400;
 
 /// Which profile mix the default policy keeps room for in the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MixSource {
-    /// What the booking path does: the profiles of the bookings made in
-    /// the last [`MIX_WINDOW_S`] of replay time, every profile equally
-    /// until there are 20 of them ([`ProfileMix::from_counts`]).
-    Booked,
-    /// The whole stream's requests, refused and future ones included: a
-    /// mix the live system cannot know, kept for comparison.
+    /// What the booking path does: the profiles of the requests made in
+    /// the last [`MIX_WINDOW_S`] of replay time, those that did not fit
+    /// included (the booking path stores them as queued bookings), every
+    /// profile equally until there are 20 ([`ProfileMix::from_counts`]).
+    Recent,
+    /// The whole stream's requests, future ones included: a mix the live
+    /// system cannot know, kept for comparison.
     Stream,
 }
 
-impl MixSource {
-    pub fn parse(s: &str) -> Option<MixSource> {
-        match s {
-            "booked" => Some(MixSource::Booked),
-            "stream" => Some(MixSource::Stream),
-            _ => None,
-        }
-    }
-}
-
-/// The profiles of the bookings made in the last [`MIX_WINDOW_S`], kept
+/// The profiles of the requests made in the last [`MIX_WINDOW_S`], kept
 /// as running counts.
 #[derive(Default)]
 struct TrailingMix {
@@ -222,8 +213,9 @@ impl TrailingMix {
         *self.counts.entry(profile).or_default() += 1;
     }
 
-    /// The mix at `now`: bookings made after `now - MIX_WINDOW_S`, or every
-    /// profile of `model` equally while they are fewer than 20.
+    /// The mix at `now`: requests made after `now - MIX_WINDOW_S` (as the
+    /// booking path's `created_at > now() - 30 days`), or every profile of
+    /// `model` equally while they are fewer than 20.
     fn at(&mut self, now: i64, model: &Model) -> ProfileMix {
         while let Some(&(at, profile)) = self.made.front() {
             if at > now - MIX_WINDOW_S {
@@ -232,6 +224,9 @@ impl TrailingMix {
             self.made.pop_front();
             if let Some(n) = self.counts.get_mut(profile) {
                 *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(profile);
+                }
             }
         }
         ProfileMix::from_counts(self.counts.iter().map(|(p, n)| (*p, *n)))
@@ -386,7 +381,7 @@ fn replay(
         .collect();
     // Stranding is measured against the stream's mix whatever the policy
     // keeps room for, so that every run is measured alike.
-    let yardstick = mix_of(requests);
+    let stranding_mix = mix_of(requests);
     let mut trailing = TrailingMix::default();
     let mut accepted = 0;
     let mut served = 0.0;
@@ -420,12 +415,19 @@ fn replay(
                 },
                 window,
             };
+            let recent_mix;
             let mix = match mix_source {
-                MixSource::Booked => trailing.at(r.booked, model),
-                MixSource::Stream => yardstick.clone(),
+                MixSource::Recent => {
+                    recent_mix = trailing.at(r.booked, model);
+                    &recent_mix
+                }
+                MixSource::Stream => &stranding_mix,
             };
-            if let Some(notices) = decide(&mut fleet, booking, &mix, r.booked) {
-                trailing.push(r.booked, r.profile);
+            let decided = decide(&mut fleet, booking, mix, r.booked);
+            // Counted once decided, fitted or not, as the booking path's
+            // row (scheduled or queued) is.
+            trailing.push(r.booked, r.profile);
+            if let Some(notices) = decided {
                 accepted += 1;
                 served += slice_hours(p.compute_slices, window.len());
                 served_in_window += slice_hours(p.compute_slices, window.overlap_len(arrivals));
@@ -456,7 +458,7 @@ fn replay(
                             placement: b.placement,
                         })
                         .collect();
-                    stranded_slices(model, &present, &yardstick)
+                    stranded_slices(model, &present, &stranding_mix)
                 })
                 .sum();
             stranded_sum += f64::from(s);
@@ -509,7 +511,7 @@ mod tests {
         // arrivals span one hour, in which only the 7g runs: 7 of the
         // fleet's 14 compute slice-hours.
         let stream = [request(0, 2, "7g.80gb"), request(3600, 10, "1g.10gb")];
-        let r = run(&stream, 2, MigPolicy::FirstFit, MixSource::Booked);
+        let r = run(&stream, 2, MigPolicy::FirstFit, MixSource::Recent);
         assert_eq!(r.accepted, 2);
         assert!((r.served_slice_hours - 24.0).abs() < 1e-9, "{r:?}");
         assert!((r.served_in_window_slice_hours - 7.0).abs() < 1e-9, "{r:?}");
@@ -517,26 +519,50 @@ mod tests {
     }
 
     #[test]
-    fn the_booked_mix_is_the_last_30_days_of_bookings_and_equal_before_20() {
+    fn the_recent_mix_is_the_last_30_days_of_requests_and_equal_before_20() {
         let model = catalog::model("H100-80GB").expect("H100-80GB in the catalog");
         let weight = |m: &ProfileMix, name: &str| {
             m.0.iter().find(|(p, _)| p == name).map_or(0.0, |(_, w)| *w)
         };
+        let equal = default_mix(model);
         let mut t = TrailingMix::default();
         for k in 0..19 {
             t.push(k, "1g.10gb");
         }
-        // 19 bookings: too few to say, every profile equally.
-        let equal = t.at(100, model);
-        assert_eq!(equal.0.len(), default_mix(model).0.len());
-        assert!(weight(&equal, "1g.10gb") < 0.5, "{equal:?}");
+        // 19 requests: too few to say, every profile equally.
+        assert_eq!(t.at(100, model).0, equal.0);
         t.push(200, "7g.80gb");
         let mixed = t.at(300, model);
+        assert_eq!(mixed.0.len(), 2, "{mixed:?}");
         assert!((weight(&mixed, "1g.10gb") - 0.95).abs() < 1e-9, "{mixed:?}");
         assert!((weight(&mixed, "7g.80gb") - 0.05).abs() < 1e-9, "{mixed:?}");
-        // Thirty days on, the 1g bookings have left the window: one booking
-        // is too few again.
-        let later = t.at(MIX_WINDOW_S + 150, model);
-        assert_eq!(later.0.len(), default_mix(model).0.len(), "{later:?}");
+        // A request made at k counts until k + 30 days, not at it (the
+        // booking path's `created_at > now() - 30 days`): one second before,
+        // all 20 are in; at it, the one made at 0 has left.
+        assert_eq!(t.at(MIX_WINDOW_S - 1, model).0.len(), 2);
+        assert_eq!(t.at(MIX_WINDOW_S, model).0, equal.0);
+        // And the profiles that left are gone, not kept at zero.
+        assert!(t.at(MIX_WINDOW_S + 150, model).0 == equal.0 && t.counts.len() == 1);
+    }
+
+    #[test]
+    fn the_replay_keeps_room_only_for_what_the_booking_path_knows() {
+        // Two 2g then a 3g on one H100. Three requests are too few for the
+        // booking path's mix, so the 2g go where every profile loses least
+        // and the 3g no longer fits; knowing the stream's mix ahead, the
+        // replay would keep the 3g's slot.
+        let stream = [
+            request(0, 1, "2g.20gb"),
+            request(60, 1, "2g.20gb"),
+            request(120, 2, "3g.40gb"),
+        ];
+        assert_eq!(
+            run(&stream, 1, MigPolicy::Gpuslice, MixSource::Recent).accepted,
+            2
+        );
+        assert_eq!(
+            run(&stream, 1, MigPolicy::Gpuslice, MixSource::Stream).accepted,
+            3
+        );
     }
 }

@@ -458,10 +458,10 @@ pub enum BenchCommand {
         /// to let requests in.
         #[arg(long, default_value_t = 0.0)]
         advance: f64,
-        /// The profile mix the default policy keeps room for: `booked`, the
-        /// bookings made in the last 30 days as the booking path reads it,
-        /// or `stream`, the whole stream's requests known in advance.
-        #[arg(long, default_value = "booked")]
+        /// The profile mix the default policy keeps room for: `recent`, the
+        /// requests of the last 30 days as the booking path reads it, or
+        /// `stream`, the whole stream's requests known in advance.
+        #[arg(long, default_value = "recent", value_parser = ["recent", "stream"])]
         mix: String,
         #[arg(long, default_value = "42")]
         seeds: String,

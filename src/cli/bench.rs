@@ -123,8 +123,11 @@ fn bench_mig(
     if !(0.0..=100.0).contains(&advance) {
         bail!("--advance is a percentage of requests booked ahead, 0 to 100");
     }
-    let Some(mix) = mig::MixSource::parse(mix) else {
-        bail!("--mix is booked (the last 30 days of bookings, as the booking path) or stream (the whole stream's requests), not {mix:?}");
+    // clap allows only these two.
+    let mix = if mix == "stream" {
+        mig::MixSource::Stream
+    } else {
+        mig::MixSource::Recent
     };
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
