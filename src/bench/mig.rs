@@ -12,7 +12,9 @@
 //! same fleet. With `advance`, that share of the tasks is booked ahead: the
 //! booking is made 1–72 h (uniform, seeded) before the task's own start,
 //! for the task's own window; the rest are booked when they start.
-//! Requests are decided in the order they are booked.
+//! Requests are decided in the order they are booked. The default policy
+//! keeps room for the profile mix the booking path would read at each
+//! decision ([`MixSource::Recent`]) unless told to use the whole stream's.
 
 use std::path::Path;
 

@@ -459,8 +459,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0.0)]
         advance: f64,
         /// The profile mix the default policy keeps room for: `recent`, the
-        /// requests of the last 30 days as the booking path reads it, or
-        /// `stream`, the whole stream's requests known in advance.
+        /// requests of the last 30 days of replay time (those that did not
+        /// fit included) as the booking path reads it, or `stream`, the
+        /// whole stream's requests known in advance.
         #[arg(long, default_value = "recent", value_parser = ["recent", "stream"])]
         mix: String,
         #[arg(long, default_value = "42")]
