@@ -2,6 +2,22 @@
 
 use std::process::Command;
 
+/// The gpuslice binary under test.
+fn gpuslice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+}
+
+/// Runs `cmd`, which must succeed, and parses its JSON output.
+fn json_of(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn write_trace(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let nodes = dir.join("nodes.csv");
     let pods = dir.join("pods.csv");
@@ -39,19 +55,13 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
     let dir = std::env::temp_dir().join(format!("gpuslice-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (nodes, pods) = write_trace(&dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args(["bench", "replay", "--seeds", "1..2", "--json", "--nodes"])
-        .arg(&nodes)
-        .arg("--pods")
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_of(
+        gpuslice()
+            .args(["bench", "replay", "--seeds", "1..2", "--json", "--nodes"])
+            .arg(&nodes)
+            .arg("--pods")
+            .arg(&pods),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = v.as_array().unwrap();
     let names: Vec<_> = results
         .iter()
@@ -71,16 +81,15 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
         assert_eq!(r["fragmentation_curve"].as_array().unwrap().len(), 131);
     }
     // The same seeds give the same answer.
-    let again = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args([
-            "bench", "replay", "--seeds", "1..2", "--json", "--policy", "fgd", "--nodes",
-        ])
-        .arg(&nodes)
-        .arg("--pods")
-        .arg(&pods)
-        .output()
-        .unwrap();
-    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let again = json_of(
+        gpuslice()
+            .args([
+                "bench", "replay", "--seeds", "1..2", "--json", "--policy", "fgd", "--nodes",
+            ])
+            .arg(&nodes)
+            .arg("--pods")
+            .arg(&pods),
+    );
     assert_eq!(
         again["allocation_pct_at_130"],
         results[2]["allocation_pct_at_130"]
@@ -91,7 +100,7 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
         (vec!["--policy", "magic"], "unknown policy \"magic\""),
         (vec!["--seeds", "9..1"], "is not a seed list"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        let out = gpuslice()
             .args(["bench", "replay", "--nodes"])
             .arg(&nodes)
             .arg("--pods")
@@ -105,7 +114,7 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
             "{args:?}"
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let out = gpuslice()
         .args(["bench", "replay", "--nodes", "/nonexistent.csv", "--pods"])
         .arg(&pods)
         .output()
@@ -116,26 +125,17 @@ fn replay_reports_allocation_and_curves_for_each_policy() {
 
 #[test]
 fn latency_and_mig_benchmarks_run_small() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args([
-            "bench",
-            "latency",
-            "--gpus",
-            "50",
-            "--bookings",
-            "300",
-            "--decisions",
-            "20",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(gpuslice().args([
+        "bench",
+        "latency",
+        "--gpus",
+        "50",
+        "--bookings",
+        "300",
+        "--decisions",
+        "20",
+        "--json",
+    ]));
     let rows = v.as_array().unwrap();
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|r| r["bookings"].as_u64().unwrap() > 200
@@ -154,17 +154,11 @@ fn latency_and_mig_benchmarks_run_small() {
         );
     }
     std::fs::write(&pods, p).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args(["bench", "mig", "--gpus", "4", "--json", "--pods"])
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_of(
+        gpuslice()
+            .args(["bench", "mig", "--gpus", "4", "--json", "--pods"])
+            .arg(&pods),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
     assert_eq!(rows.len(), 4, "three policies and the repack reference");
     assert_eq!(rows[3]["result"]["policy"], "repack-reference");
@@ -175,29 +169,27 @@ fn latency_and_mig_benchmarks_run_small() {
         assert!(r["served_slice_hours"].as_f64().unwrap() > 0.0);
     }
     // Faster arrivals on the same fleet: more load, no more requests accepted.
-    let fast = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args([
-            "bench",
-            "mig",
-            "--gpus",
-            "4",
-            "--speedup",
-            "4",
-            "--json",
-            "--pods",
-        ])
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert!(fast.status.success());
-    let fast: serde_json::Value = serde_json::from_slice(&fast.stdout).unwrap();
+    let fast = json_of(
+        gpuslice()
+            .args([
+                "bench",
+                "mig",
+                "--gpus",
+                "4",
+                "--speedup",
+                "4",
+                "--json",
+                "--pods",
+            ])
+            .arg(&pods),
+    );
     for (slow, fast) in rows.iter().zip(fast.as_array().unwrap()) {
         assert!(
             fast["result"]["accepted"].as_u64() <= slow["result"]["accepted"].as_u64(),
             "{fast} vs {slow}"
         );
     }
-    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let bad = gpuslice()
         .args(["bench", "mig", "--speedup", "0", "--pods"])
         .arg(&pods)
         .output()
@@ -206,26 +198,20 @@ fn latency_and_mig_benchmarks_run_small() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--speedup must be a positive number"));
     // Half the requests booked ahead: a fifth run moves
     // bookings ahead, never one within ten minutes of its start.
-    let ahead = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-        .args([
-            "bench",
-            "mig",
-            "--gpus",
-            "8",
-            "--advance",
-            "50",
-            "--json",
-            "--pods",
-        ])
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert!(
-        ahead.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ahead.stderr)
+    let ahead = json_of(
+        gpuslice()
+            .args([
+                "bench",
+                "mig",
+                "--gpus",
+                "8",
+                "--advance",
+                "50",
+                "--json",
+                "--pods",
+            ])
+            .arg(&pods),
     );
-    let ahead: serde_json::Value = serde_json::from_slice(&ahead.stdout).unwrap();
     let rows = ahead.as_array().unwrap();
     assert_eq!(rows.len(), 5);
     let moving = &rows[4]["result"];
@@ -233,7 +219,7 @@ fn latency_and_mig_benchmarks_run_small() {
     assert!(moving["moves"].as_u64().unwrap() > 0, "{moving}");
     assert!(moving["least_notice_s"].as_i64().unwrap() > 600, "{moving}");
     assert!(rows[..4].iter().all(|r| r["result"]["moves"] == 0));
-    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let bad = gpuslice()
         .args(["bench", "mig", "--advance", "120", "--pods"])
         .arg(&pods)
         .output()
@@ -242,31 +228,25 @@ fn latency_and_mig_benchmarks_run_small() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--advance is a percentage"));
     // The mix the default policy keeps room for: the booking path's (the
     // default) or the whole stream's. Only the default policy reads it.
-    let with_mix = |mix: &str| -> Vec<serde_json::Value> {
-        let out = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-            .args(["bench", "mig", "--gpus", "6", "--speedup", "4", "--json"])
-            .args(["--mix", mix, "--pods"])
-            .arg(&pods)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        rows.as_array().unwrap().clone()
+    let with_mix = |mix: &str| {
+        json_of(
+            gpuslice()
+                .args(["bench", "mig", "--gpus", "6", "--speedup", "4", "--json"])
+                .args(["--mix", mix, "--pods"])
+                .arg(&pods),
+        )
     };
     let (recent, stream) = (with_mix("recent"), with_mix("stream"));
+    let (recent, stream) = (recent.as_array().unwrap(), stream.as_array().unwrap());
     assert_eq!(recent.len(), 4);
     assert_eq!(recent.len(), stream.len());
-    for (r, s) in recent.iter().zip(&stream) {
+    for (r, s) in recent.iter().zip(stream) {
         assert_eq!(r["result"]["policy"], s["result"]["policy"]);
         if r["result"]["policy"] != "gpuslice" {
             assert_eq!(r, s);
         }
     }
-    let bad = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let bad = gpuslice()
         .args(["bench", "mig", "--mix", "future", "--pods"])
         .arg(&pods)
         .output()

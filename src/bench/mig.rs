@@ -27,6 +27,7 @@ use crate::placement::mig::{
     default_mix, place, place_with_moves, stranded_slices, Booked, MigGpu, MigPolicy, Move,
     ProfileMix, Window,
 };
+use crate::placement::ASKED_WINDOW_DAYS;
 
 /// One MIG request of the stream.
 #[derive(Debug, Clone)]
@@ -184,9 +185,9 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
     )
 }
 
-/// The window of requests the booking path reads its profile mix from
-/// (`db::bookings::rules::recent_profile_counts`: the last 30 days).
-pub const MIX_WINDOW_S: i64 = 30 * 86_400;
+/// The window of requests the booking path reads its profile mix from,
+/// in seconds ([`ASKED_WINDOW_DAYS`]).
+pub const MIX_WINDOW_S: i64 = ASKED_WINDOW_DAYS as i64 * 86_400;
 
 /// Which profile mix the default policy keeps room for in the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,8 +217,8 @@ impl TrailingMix {
     }
 
     /// The mix at `now`: requests made after `now - MIX_WINDOW_S` (as the
-    /// booking path's `created_at > now() - 30 days`), or every profile of
-    /// `model` equally while they are fewer than 20.
+    /// booking path's `created_at > now() - make_interval(days => $1)`),
+    /// or every profile of `model` equally while they are fewer than 20.
     fn at(&mut self, now: i64, model: &Model) -> ProfileMix {
         while let Some(&(at, profile)) = self.made.front() {
             if at > now - MIX_WINDOW_S {
@@ -384,7 +385,8 @@ fn replay(
     // Stranding is measured against the stream's mix whatever the policy
     // keeps room for, so that every run is measured alike.
     let stranding_mix = mix_of(requests);
-    let mut trailing = TrailingMix::default();
+    // The booking path's mix, kept only when the policy reads it.
+    let mut trailing = (mix_source == MixSource::Recent).then(TrailingMix::default);
     let mut accepted = 0;
     let mut served = 0.0;
     let mut served_in_window = 0.0;
@@ -417,18 +419,14 @@ fn replay(
                 },
                 window,
             };
-            let recent_mix;
-            let mix = match mix_source {
-                MixSource::Recent => {
-                    recent_mix = trailing.at(r.booked, model);
-                    &recent_mix
-                }
-                MixSource::Stream => &stranding_mix,
-            };
+            let recent_mix = trailing.as_mut().map(|t| t.at(r.booked, model));
+            let mix = recent_mix.as_ref().unwrap_or(&stranding_mix);
             let decided = decide(&mut fleet, booking, mix, r.booked);
             // Counted once decided, fitted or not, as the booking path's
             // row (scheduled or queued) is.
-            trailing.push(r.booked, r.profile);
+            if let Some(t) = trailing.as_mut() {
+                t.push(r.booked, r.profile);
+            }
             if let Some(notices) = decided {
                 accepted += 1;
                 served += slice_hours(p.compute_slices, window.len());
@@ -544,7 +542,8 @@ mod tests {
         assert_eq!(t.at(MIX_WINDOW_S - 1, model).0.len(), 2);
         assert_eq!(t.at(MIX_WINDOW_S, model).0, equal.0);
         // And the profiles that left are gone, not kept at zero.
-        assert!(t.at(MIX_WINDOW_S + 150, model).0 == equal.0 && t.counts.len() == 1);
+        assert_eq!(t.at(MIX_WINDOW_S + 150, model).0, equal.0);
+        assert_eq!(t.counts.len(), 1);
     }
 
     #[test]

@@ -11,3 +11,9 @@
 
 pub mod mig;
 pub mod shares;
+
+/// Placement keeps room for what tenants asked for in this many days (MIG
+/// profiles, share sizes): the window the booking path's counts cover
+/// (`db::bookings::recent_profile_counts`, `recent_share_counts`) and
+/// `bench mig` replays.
+pub const ASKED_WINDOW_DAYS: i32 = 30;

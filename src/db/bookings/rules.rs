@@ -8,6 +8,7 @@ use time::OffsetDateTime;
 use super::{event, status_names};
 use crate::domain::booking::{Held, Kind, Status, Step, Transition};
 use crate::domain::{GpuMode, Priority};
+use crate::placement::ASKED_WINDOW_DAYS;
 
 /// The live statuses that hold a slot on a GPU, as the schema stores them.
 pub(super) fn placed() -> Vec<String> {
@@ -105,16 +106,18 @@ pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Resul
     .await
 }
 
-/// Profiles asked for in the last 30 days, by model: the mix placement keeps room for
-/// (`bench mig` replays the same window: `bench::mig::MIX_WINDOW_S`).
+/// Profiles asked for in the last [`ASKED_WINDOW_DAYS`], by model (queued
+/// requests too): the mix placement keeps room for.
 pub async fn recent_profile_counts(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Vec<(String, String, i64)>> {
     let rows = sqlx::query!(
         r#"SELECT model AS "model!", profile AS "profile!", count(*) AS "n!"
            FROM bookings
-           WHERE kind = 'mig' AND model IS NOT NULL AND created_at > now() - interval '30 days'
-           GROUP BY model, profile"#
+           WHERE kind = 'mig' AND model IS NOT NULL
+             AND created_at > now() - make_interval(days => $1)
+           GROUP BY model, profile"#,
+        ASKED_WINDOW_DAYS
     )
     .fetch_all(db)
     .await?;
@@ -124,14 +127,15 @@ pub async fn recent_profile_counts(
         .collect())
 }
 
-/// Share sizes (GiB) asked for in the last 30 days: the shapes share
-/// placement keeps room for.
+/// Share sizes (GiB) asked for in the last [`ASKED_WINDOW_DAYS`]: the
+/// shapes share placement keeps room for.
 pub async fn recent_share_counts(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(i32, i64)>> {
     let rows = sqlx::query!(
         r#"SELECT memory_gib, count(*) AS "n!"
            FROM bookings
-           WHERE kind = 'timeslice' AND created_at > now() - interval '30 days'
-           GROUP BY memory_gib"#
+           WHERE kind = 'timeslice' AND created_at > now() - make_interval(days => $1)
+           GROUP BY memory_gib"#,
+        ASKED_WINDOW_DAYS
     )
     .fetch_all(db)
     .await?;
