@@ -29,8 +29,7 @@ for pods in ("default", "gpushare100"):
         row = []
         for s in loads:
             by = mig_bench.run(bin, traces, pods, gpus, s, seed, mix=mix)
-            served = {p: rs[int(seed)]["served_slice_hours"] for p, rs in by.items()}
-            d = 100 * (served["gpuslice"] / served["first-fit"] - 1)
+            d, _, _ = mig_bench.gain(by, "gpuslice", "first-fit")
             cells.append(d)
             row.append("%+.2f %%" % d)
         print("| %s | %d | %s |" % (pods, gpus, " | ".join(row)), flush=True)

@@ -22,23 +22,23 @@ print("Served work by policy (%s GPUs, seeds %s)" % (gpus, seeds))
 print("| pods | speed-up | policy | accepted | served slice-hours | vs first-fit | seeds ≥ first-fit | served after the last arrival | served before it, vs first-fit | seeds ≥ first-fit | fleet busy before it | fleet busy at refusals |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 W = "served_in_window_slice_hours"
-def vs(pol, x, base):
-    return "—" if pol == "first-fit" else "%+.2f %%" % (100 * (x / base - 1))
-def wins(by_seed, pol, key):
-    return "—" if pol == "first-fit" else "%d of %d" % (mig_bench.at_least(by_seed, pol, "first-fit", key), len(by_seed[pol]))
+def vs_first_fit(by_seed, pol, key):
+    """The two columns against first-fit: how much more, on how many seeds."""
+    if pol == "first-fit":
+        return "—", "—"
+    d, wins, n = mig_bench.gain(by_seed, pol, "first-fit", key)
+    return "%+.2f %%" % d, "%d of %d" % (wins, n)
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
         by_seed = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, 0)
         by = {p: list(rs.values()) for p, rs in by_seed.items()}  # means need no order
-        ff = mean([r["served_slice_hours"] for r in by["first-fit"]])
-        ffw = mean([r[W] for r in by["first-fit"]])
         for pol in ("first-fit", "best-fit", "gpuslice", "repack-reference"):
             rs = by[pol]
             served = mean([r["served_slice_hours"] for r in rs])
             inside = mean([r[W] for r in rs])
             print("| %s | %d | %s | %.2f %% | %s | %s | %s | %.0f %% | %s | %s | %.1f %% | %.1f %% |" % (pods, speedup, pol, mean([r["acceptance_pct"] for r in rs]),
-                  format(round(served), ","), vs(pol, served, ff), wins(by_seed, pol, "served_slice_hours"), 100 * (1 - inside / served),
-                  vs(pol, inside, ffw), wins(by_seed, pol, W), mean([r["window_busy_pct"] for r in rs]),
+                  format(round(served), ","), *vs_first_fit(by_seed, pol, "served_slice_hours"), 100 * (1 - inside / served),
+                  *vs_first_fit(by_seed, pol, W), mean([r["window_busy_pct"] for r in rs]),
                   mean([r["busy_pct_at_refusals"] for r in rs])), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)
@@ -51,14 +51,12 @@ for pods in ("default", "gpushare100"):
         base, moving = by["gpuslice"], by["gpuslice + moves"]
         b = mean([r["served_slice_hours"] for r in base])
         m = mean([r["served_slice_hours"] for r in moving])
-        wins = mig_bench.at_least(by_seed, "gpuslice + moves", "gpuslice")
-        bw = mean([r[W] for r in base])
-        mw = mean([r[W] for r in moving])
-        wins_w = mig_bench.at_least(by_seed, "gpuslice + moves", "gpuslice", W)
+        gained = mig_bench.gain(by_seed, "gpuslice + moves", "gpuslice")
+        gained_before = mig_bench.gain(by_seed, "gpuslice + moves", "gpuslice", W)
         notices = [r["least_notice_s"] for r in moving if r["least_notice_s"] is not None]
         print("| %s | %d | no | %.2f %% | %s | — | — | — | — |" % (pods, speedup, mean([r["acceptance_pct"] for r in base]), format(round(b), ",")))
         print("| %s | %d | yes | %.2f %% | %s | %+.2f %% (%d of %d seeds ≥) | %+.2f %% (%d of %d seeds ≥) | %.1f | %s |" % (pods, speedup,
-              mean([r["acceptance_pct"] for r in moving]), format(round(m), ","), 100 * (m / b - 1), wins, len(base),
-              100 * (mw / bw - 1), wins_w, len(base), 1000 * mean([r["moves"] / r["requests"] for r in moving]),
+              mean([r["acceptance_pct"] for r in moving]), format(round(m), ","), *gained, *gained_before,
+              1000 * mean([r["moves"] / r["requests"] for r in moving]),
               ("%d min" % (min(notices) // 60)) if notices else "—"), flush=True)
 EOF

@@ -189,16 +189,21 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
 /// in seconds ([`ASKED_WINDOW_DAYS`]).
 pub const MIX_WINDOW_S: i64 = ASKED_WINDOW_DAYS as i64 * 86_400;
 
-/// Which profile mix the default policy keeps room for in the replay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which profile mix the default policy keeps room for in the replay
+/// (`bench mig --mix`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MixSource {
     /// What the booking path does: the profiles of the requests made in
     /// the last [`MIX_WINDOW_S`] of replay time, those that did not fit
     /// included (the booking path stores them as queued bookings), every
     /// profile equally until there are 20 ([`ProfileMix::from_counts`]).
+    #[value(
+        help = "the requests of the last 30 days of replay time, those that did not fit included, as the booking path reads it"
+    )]
     Recent,
     /// The whole stream's requests, future ones included: a mix the live
     /// system cannot know, kept for comparison.
+    #[value(help = "the whole stream's requests, future ones included, known in advance")]
     Stream,
 }
 

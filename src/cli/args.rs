@@ -458,12 +458,9 @@ pub enum BenchCommand {
         /// to let requests in.
         #[arg(long, default_value_t = 0.0)]
         advance: f64,
-        /// The profile mix the default policy keeps room for: `recent`, the
-        /// requests of the last 30 days of replay time (those that did not
-        /// fit included) as the booking path reads it, or `stream`, the
-        /// whole stream's requests known in advance.
-        #[arg(long, default_value = "recent", value_parser = ["recent", "stream"])]
-        mix: String,
+        /// The profile mix the default policy keeps room for.
+        #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
+        mix: crate::bench::mig::MixSource,
         #[arg(long, default_value = "42")]
         seeds: String,
         #[arg(long)]

@@ -18,7 +18,7 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             mix,
             seeds,
             json,
-        } => return bench_mig(pods, *gpus, *speedup, *advance, mix, seeds, *json),
+        } => return bench_mig(pods, *gpus, *speedup, *advance, *mix, seeds, *json),
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -108,7 +108,7 @@ fn bench_mig(
     gpus: usize,
     speedup: f64,
     advance: f64,
-    mix: &str,
+    mix: crate::bench::mig::MixSource,
     seeds: &str,
     json: bool,
 ) -> Result<()> {
@@ -123,12 +123,6 @@ fn bench_mig(
     if !(0.0..=100.0).contains(&advance) {
         bail!("--advance is a percentage of requests booked ahead, 0 to 100");
     }
-    // clap allows only these two.
-    let mix = if mix == "stream" {
-        mig::MixSource::Stream
-    } else {
-        mig::MixSource::Recent
-    };
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
         let stream = mig::stream(pods, seed, speedup, advance / 100.0).map_err(|e| anyhow!(e))?;
