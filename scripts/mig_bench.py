@@ -1,5 +1,6 @@
 """What the MIG benchmarks share (scripts/bench-mig.sh,
-scripts/bench-mig-fleets.sh): one run of `gpuslice bench mig`."""
+scripts/bench-mig-fleets.sh): one run of `gpuslice bench mig`, and one
+policy's gain over another across its seeds."""
 import json
 import subprocess
 
@@ -17,15 +18,10 @@ def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="recent"):
     return by
 
 
-def at_least(by, policy, base, key="served_slice_hours"):
-    """Seeds on which `policy` served at least `base`'s slice-hours (or
-    another figure of the result, `key`)."""
-    return sum(1 for s, r in by[policy].items() if r[key] >= by[base][s][key])
-
-
 def gain(by, policy, base, key="served_slice_hours"):
     """`policy` against `base` over the seeds of `by`: the mean of `key`
     (served slice-hours unless told) in percent above `base`'s, the seeds
     on which it was at least `base`'s, and the number of seeds."""
     mean = lambda p: sum(r[key] for r in by[p].values()) / len(by[p])
-    return 100 * (mean(policy) / mean(base) - 1), at_least(by, policy, base, key), len(by[policy])
+    wins = sum(1 for s, r in by[policy].items() if r[key] >= by[base][s][key])
+    return 100 * (mean(policy) / mean(base) - 1), wins, len(by[policy])

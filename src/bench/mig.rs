@@ -190,7 +190,8 @@ fn mix_of(requests: &[Request]) -> ProfileMix {
 pub const MIX_WINDOW_S: i64 = ASKED_WINDOW_DAYS as i64 * 86_400;
 
 /// Which profile mix the default policy keeps room for in the replay
-/// (`bench mig --mix`).
+/// (`bench mig --mix`). Each value's `--help` line is given apart: clap
+/// would print the doc comment, rustdoc links and all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MixSource {
     /// What the booking path does: the profiles of the requests made in
