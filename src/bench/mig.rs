@@ -50,6 +50,9 @@ pub fn profile_for(milli: i64) -> &'static str {
     }
 }
 
+/// Mixed into the seed for [`stream`]'s bootstrap draw.
+const RESAMPLE_SALT: u64 = 0x5eed_b007;
+
 /// Reads the pod CSV and builds the request stream for `seed`, with
 /// arrivals `speedup` times faster than the trace's (durations kept).
 pub fn stream(
@@ -57,6 +60,7 @@ pub fn stream(
     seed: u64,
     speedup: f64,
     advance: f64,
+    resample: bool,
 ) -> Result<Vec<Request>, String> {
     let text = std::fs::read_to_string(pods_csv)
         .map_err(|e| format!("cannot read {}: {e}", pods_csv.display()))?;
@@ -94,6 +98,15 @@ pub fn stream(
         // first, each task keeps its own length.
         let length = deleted.map(|d| d - created);
         raw.push((created, length, num, milli));
+    }
+    if resample && !raw.is_empty() {
+        // A bootstrap of the trace: as many pods, drawn with replacement,
+        // each with its own arrival, length and shape. Its own generator,
+        // so that the rest of the stream draws as without it.
+        let mut pick = rand::rngs::StdRng::seed_from_u64(seed ^ RESAMPLE_SALT);
+        raw = (0..raw.len())
+            .map(|_| raw[pick.gen_range(0..raw.len())])
+            .collect();
     }
     let known: Vec<i64> = raw.iter().filter_map(|r| r.1).collect();
     let first = raw.iter().map(|r| r.0).min().unwrap_or(0);
@@ -571,5 +584,57 @@ mod tests {
             run(&stream, 1, MigPolicy::Gpuslice, MixSource::Stream).accepted,
             3
         );
+    }
+
+    #[test]
+    fn a_resampled_stream_draws_the_traces_own_pods_with_replacement() {
+        // Twelve pods, each with its own arrival, length and shape; all
+        // one GPU or less, so that each pod is one request.
+        let dir = std::env::temp_dir().join(format!("gpuslice-resample-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let pods = dir.join("pods.csv");
+        let mut csv = String::from("name,num_gpu,gpu_milli,creation_time,deletion_time\n");
+        let shapes = [100, 300, 500, 1000];
+        for i in 0..12i64 {
+            let milli = shapes[i as usize % 4];
+            csv += &format!("p{i},1,{milli},{},{}\n", i * 600, i * 600 + 3600 * (i + 1));
+        }
+        std::fs::write(&pods, csv).expect("the pod list written");
+        let key = |r: &Request| (r.arrive, r.depart, r.profile);
+        let trace: Vec<_> = stream(&pods, 1, 1.0, 0.0, false)
+            .expect("the trace read")
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(trace.len(), 12);
+        let draws: Vec<Vec<_>> = (1..=4)
+            .map(|seed| {
+                let s = stream(&pods, seed, 1.0, 0.0, true).expect("a resample drawn");
+                s.iter().map(key).collect()
+            })
+            .collect();
+        for d in &draws {
+            // As many requests, each one of the trace's pods as it is, in
+            // arrival order.
+            assert_eq!(d.len(), 12);
+            assert!(d.iter().all(|r| trace.contains(r)), "{d:?}");
+            assert!(d.windows(2).all(|w| w[0].0 <= w[1].0), "{d:?}");
+        }
+        // Drawn with replacement: some pods twice, so some left out; and
+        // each seed draws its own.
+        assert!(draws.iter().any(|d| {
+            let mut u = d.clone();
+            u.dedup();
+            u.len() < 12
+        }));
+        assert!(draws.windows(2).any(|w| w[0] != w[1]));
+        // The same seed draws the same stream.
+        let again: Vec<_> = stream(&pods, 1, 1.0, 0.0, true)
+            .expect("a resample drawn")
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(again, draws[0]);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

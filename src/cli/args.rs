@@ -458,6 +458,11 @@ pub enum BenchCommand {
         /// to let requests in.
         #[arg(long, default_value_t = 0.0)]
         advance: f64,
+        /// Each seed replays a bootstrap of the trace (as many pods, drawn
+        /// with replacement) instead of the trace itself: independent
+        /// streams of the same kind, for comparing policies in expectation.
+        #[arg(long)]
+        resample: bool,
         /// The profile mix the default policy keeps room for.
         #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
         mix: crate::bench::mig::MixSource,

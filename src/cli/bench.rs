@@ -15,10 +15,15 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
             gpus,
             speedup,
             advance,
+            resample,
             mix,
             seeds,
             json,
-        } => return bench_mig(pods, *gpus, *speedup, *advance, *mix, seeds, *json),
+        } => {
+            return bench_mig(
+                pods, *gpus, *speedup, *advance, *resample, *mix, seeds, *json,
+            )
+        }
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -103,11 +108,13 @@ fn bench_latency(gpus: usize, bookings: usize, decisions: usize, json: bool) -> 
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench_mig(
     pods: &std::path::Path,
     gpus: usize,
     speedup: f64,
     advance: f64,
+    resample: bool,
     mix: crate::bench::mig::MixSource,
     seeds: &str,
     json: bool,
@@ -125,7 +132,8 @@ fn bench_mig(
     }
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
-        let stream = mig::stream(pods, seed, speedup, advance / 100.0).map_err(|e| anyhow!(e))?;
+        let stream =
+            mig::stream(pods, seed, speedup, advance / 100.0, resample).map_err(|e| anyhow!(e))?;
         let mut base = None;
         // Each policy; the repack reference; with bookings ahead, the
         // default policy moving scheduled bookings to let requests in.

@@ -96,7 +96,8 @@ pub enum MigPolicy {
     /// The GPU with the fewest free memory slices that fits; lowest placement.
     BestFit,
     /// gpuslice's default: the GPU and placement that lose least of the
-    /// profile mix's capacity, preferring GPUs already in use.
+    /// profile mix's capacity, then the GPU whose bookings the new one
+    /// outlasts least, then GPUs already in use.
     Gpuslice,
 }
 
@@ -647,12 +648,13 @@ fn best_slot(
         }
         return None;
     }
-    // GPUs in the same state rank alike, and the lowest index of them wins
-    // ties: evaluate each distinct state once, on its lowest-indexed GPU.
+    // GPUs in the same state rank alike but for how long their bookings
+    // run: evaluate each distinct state once, on the GPU that ranks first.
     // The states come from the time index: only GPUs with a booking near
     // the window are looked at one by one; the rest are empty.
     let mut count = vec![0u8; gpus.len()];
     let mut items = vec![[0u16; 8]; gpus.len()];
+    let mut last_end = vec![i64::MIN; gpus.len()];
     let mut touched: Vec<u32> = Vec::new();
     for e in fleet.overlapping(window) {
         let g = e.gpu as usize;
@@ -660,6 +662,7 @@ fn best_slot(
         if c == 0 {
             touched.push(e.gpu);
         }
+        last_end[g] = last_end[g].max(e.end);
         if let Some(slot) = items[g].get_mut(usize::from(c)) {
             *slot = e.item;
         }
@@ -674,9 +677,22 @@ fn best_slot(
             continue;
         }
         match key_of(&mut items[g], count[g]) {
+            // Of GPUs in one state, the default policy ranks first the one
+            // the booking keeps busy least longer ([`rank`]); then (and for
+            // best-fit only) the lowest index.
             Some(key) => {
+                let order = |g: usize| {
+                    let longer = if policy == MigPolicy::Gpuslice {
+                        extension(last_end[g], window)
+                    } else {
+                        0
+                    };
+                    (longer, g)
+                };
                 let first = first_of.entry((fleet.model_of[g], key)).or_insert(g);
-                *first = (*first).min(g);
+                if order(g) < order(*first) {
+                    *first = g;
+                }
             }
             // Too many to key: evaluated on its own.
             None => representatives.push(g),
@@ -706,7 +722,14 @@ fn best_slot(
 }
 
 /// A ranking key (lower is better), the GPU and the placement.
-type Ranked = ((f64, f64, usize, u8), usize, Placement);
+type Ranked = ((f64, i64, f64, usize, u8), usize, Placement);
+
+/// How much longer a booking of `window` keeps a GPU busy whose bookings
+/// in that window end at `last_end` at the latest (`i64::MIN`: none):
+/// nothing where they already run past its end.
+fn extension(last_end: i64, window: Window) -> i64 {
+    window.end - last_end.clamp(window.start, window.end)
+}
 
 /// The best placement of `p` on GPU `i` for `policy`, with its key.
 fn rank(
@@ -725,8 +748,16 @@ fn rank(
         // Best-fit: the fullest GPU, its lowest placement.
         return free
             .first()
-            .map(|&pl| ((free_slices, 0.0, i, pl.start), i, pl));
+            .map(|&pl| ((free_slices, 0, 0.0, i, pl.start), i, pl));
     }
+    let last_end = g
+        .bookings
+        .iter()
+        .filter(|b| b.window.overlaps(window))
+        .map(|b| b.window.end)
+        .max()
+        .unwrap_or(i64::MIN);
+    let extends = extension(last_end, window);
     let before = mix_capacity(g.model, &present, mix);
     let mut best: Option<Ranked> = None;
     for pl in free {
@@ -736,9 +767,12 @@ fn rank(
             placement: pl,
         });
         let loss = before - mix_capacity(g.model, &after, mix);
-        // Least loss of the mix's capacity; then GPUs already in use (keep
-        // empty ones whole); then the lowest GPU and placement.
-        let key = (loss, free_slices, i, pl.start);
+        // Least loss of the mix's capacity; then the GPU whose bookings
+        // the new one outlasts least (so that GPUs empty out whole, after
+        // LAVA/NILAS: it extends an empty GPU's busy time by its whole
+        // window); then GPUs already in use (keep empty ones whole); then
+        // the lowest GPU and placement.
+        let key = (loss, extends, free_slices, i, pl.start);
         if best.as_ref().is_none_or(|b| key < b.0) {
             best = Some((key, i, pl));
         }
@@ -815,6 +849,54 @@ mod tests {
         let (_, p) = book(&mut g, "1g.10gb", W, MigPolicy::Gpuslice).unwrap();
         assert!(p.start >= 4, "{p:?}");
         assert!(book(&mut g, "4g.40gb", W, MigPolicy::Gpuslice).is_ok());
+    }
+
+    #[test]
+    fn the_default_goes_where_it_keeps_a_gpu_busy_least_longer() {
+        let hours = |a: i64, b: i64| Window {
+            start: a * 3600,
+            end: b * 3600,
+        };
+        // Two H100s in the same state (one 1g, at the same slot), but GPU
+        // 0's 1g ends at 2 h and GPU 1's at 10 h.
+        let setup = || {
+            let mut g = h100s(2);
+            for (gpu, end) in [(0, 2), (1, 10)] {
+                book(
+                    &mut g[gpu..=gpu],
+                    "1g.10gb",
+                    hours(0, end),
+                    MigPolicy::FirstFit,
+                )
+                .unwrap();
+            }
+            g
+        };
+        // A 1g for 0-5 h would keep GPU 0 busy 3 h longer; GPU 1 is busy
+        // past its end anyway, so the default puts it there.
+        let mut g = setup();
+        assert_eq!(
+            book(&mut g, "1g.10gb", hours(0, 5), MigPolicy::Gpuslice)
+                .unwrap()
+                .0,
+            1
+        );
+        // Best-fit does not look at ends: equally full, the lowest index.
+        let mut g = setup();
+        assert_eq!(
+            book(&mut g, "1g.10gb", hours(0, 5), MigPolicy::BestFit)
+                .unwrap()
+                .0,
+            0
+        );
+        // A 1g for 0-1 h extends neither: the lowest index.
+        let mut g = setup();
+        assert_eq!(
+            book(&mut g, "1g.10gb", hours(0, 1), MigPolicy::Gpuslice)
+                .unwrap()
+                .0,
+            0
+        );
     }
 
     #[test]
@@ -979,7 +1061,7 @@ mod tests {
                     let p = g.model.profile(names[pi])?;
                     if policy == MigPolicy::FirstFit {
                         let pl = *mig::free_placements(g.model, &g.present(w), p.nvml_id).first()?;
-                        return Some(((0.0, 0.0, i, pl.start), i, pl));
+                        return Some(((0.0, 0, 0.0, i, pl.start), i, pl));
                     }
                     rank(g, i, p, w, policy, &mix())
                 })
