@@ -97,7 +97,8 @@ pub enum MigPolicy {
     BestFit,
     /// gpuslice's default: the GPU and placement that lose least of the
     /// profile mix's capacity, then the GPU whose bookings the new one
-    /// outlasts least, then GPUs already in use.
+    /// outlasts least, then the fullest GPU (fewest free memory slices),
+    /// then the lowest index and placement.
     Gpuslice,
 }
 
@@ -678,8 +679,8 @@ fn best_slot(
         }
         match key_of(&mut items[g], count[g]) {
             // Of GPUs in one state, the default policy ranks first the one
-            // the booking keeps busy least longer ([`rank`]); then (and for
-            // best-fit only) the lowest index.
+            // the booking keeps busy least longer ([`rank`]), then the lowest
+            // index (best-fit: the lowest index alone).
             Some(key) => {
                 let order = |g: usize| {
                     let longer = if policy == MigPolicy::Gpuslice {
@@ -770,8 +771,8 @@ fn rank(
         // Least loss of the mix's capacity; then the GPU whose bookings
         // the new one outlasts least (so that GPUs empty out whole, after
         // LAVA/NILAS: it extends an empty GPU's busy time by its whole
-        // window); then GPUs already in use (keep empty ones whole); then
-        // the lowest GPU and placement.
+        // window); then the fullest GPU (keep empty ones whole); then the
+        // lowest GPU and placement.
         let key = (loss, extends, free_slices, i, pl.start);
         if best.as_ref().is_none_or(|b| key < b.0) {
             best = Some((key, i, pl));
