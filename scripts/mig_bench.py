@@ -1,6 +1,7 @@
 """What the MIG benchmarks share (scripts/bench-mig.sh,
-scripts/bench-mig-fleets.sh): one run of `gpuslice bench mig`, and one
-policy's gain over another across its seeds."""
+scripts/bench-mig-fleets.sh, scripts/bench-mig-expect.sh): one run of
+`gpuslice bench mig`, and one policy's gain over another across its seeds,
+with its confidence interval where the seeds are independent streams."""
 import json
 import math
 import subprocess
@@ -31,14 +32,12 @@ def gain(by, policy, base, key="served_slice_hours"):
 
 
 def paired(by, policy, base, key="served_slice_hours"):
-    """`policy` against `base`, seed by seed (the same stream for both):
-    the mean difference in percent of `base`'s mean, the half-width of its
-    95 % confidence interval (normal approximation, 1.96 standard errors),
-    and the seeds on which `policy` was at least `base`'s, of how many."""
-    seeds = sorted(by[base])
-    d = [by[policy][s][key] - by[base][s][key] for s in seeds]
-    m = sum(by[base][s][key] for s in seeds) / len(seeds)
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1)
-    half = 1.96 * math.sqrt(var / len(d))
-    return 100 * mean / m, 100 * half / m, sum(1 for x in d if x >= 0), len(d)
+    """`gain`, seed by seed (the same stream for both) and with the
+    half-width of its 95 % confidence interval (normal approximation, 1.96
+    standard errors) in percent of `base`'s mean, after the gain."""
+    pct, wins, n = gain(by, policy, base, key)
+    d = [r[key] - by[base][s][key] for s, r in by[policy].items()]
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / max(1, n - 1)
+    base_mean = sum(r[key] for r in by[base].values()) / n
+    return pct, 100 * 1.96 * math.sqrt(var / n) / base_mean, wins, n

@@ -441,36 +441,7 @@ pub enum BenchCommand {
         secs: u64,
     },
     /// MIG benchmark: H100-80GB fleet, request stream from the trace's pods.
-    Mig {
-        /// Pod list CSV with creation_time and deletion_time.
-        #[arg(long)]
-        pods: PathBuf,
-        /// Number of H100-80GB GPUs (the default trace peaks at 472 compute
-        /// slices, about 67 GPUs: 50 is heavy load).
-        #[arg(long, default_value_t = 50)]
-        gpus: usize,
-        /// Arrivals this many times faster (durations unchanged): more
-        /// load on the same fleet. 1 replays the trace's own times.
-        #[arg(long, default_value_t = 1.0)]
-        speedup: f64,
-        /// Percentage of requests booked ahead (1–72 h before their start);
-        /// adds a run of the default policy that moves scheduled bookings
-        /// to let requests in.
-        #[arg(long, default_value_t = 0.0)]
-        advance: f64,
-        /// Each seed replays a bootstrap of the trace (as many pods, drawn
-        /// with replacement) instead of the trace itself: independent
-        /// streams of the same kind, for comparing policies in expectation.
-        #[arg(long)]
-        resample: bool,
-        /// The profile mix the default policy keeps room for.
-        #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
-        mix: crate::bench::mig::MixSource,
-        #[arg(long, default_value = "42")]
-        seeds: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Mig(MigBench),
     /// Replays a cluster trace (FGD's method) under placement policies.
     Replay {
         /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
@@ -489,6 +460,39 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `gpuslice bench mig`'s options.
+#[derive(Debug, Args)]
+pub struct MigBench {
+    /// Pod list CSV with creation_time and deletion_time.
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// Number of H100-80GB GPUs (the default trace peaks at 472 compute
+    /// slices, about 67 GPUs: 50 is heavy load).
+    #[arg(long, default_value_t = 50)]
+    pub gpus: usize,
+    /// Arrivals this many times faster (durations unchanged): more
+    /// load on the same fleet. 1 replays the trace's own times.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Percentage of requests booked ahead (1–72 h before their start);
+    /// adds a run of the default policy that moves scheduled bookings
+    /// to let requests in.
+    #[arg(long, default_value_t = 0.0)]
+    pub advance: f64,
+    /// Each seed replays a bootstrap of the trace (as many pods, drawn
+    /// with replacement) instead of the trace itself: independent
+    /// streams of the same kind, for comparing policies in expectation.
+    #[arg(long)]
+    pub resample: bool,
+    /// The profile mix the default policy keeps room for.
+    #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
+    pub mix: crate::bench::mig::MixSource,
+    #[arg(long, default_value = "42")]
+    pub seeds: String,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -10,20 +10,7 @@ pub fn bench(cmd: &BenchCommand) -> Result<()> {
     use crate::bench::cluster::Policy;
     use crate::bench::replay;
     let (nodes, pods, policy, seeds, json) = match cmd {
-        BenchCommand::Mig {
-            pods,
-            gpus,
-            speedup,
-            advance,
-            resample,
-            mix,
-            seeds,
-            json,
-        } => {
-            return bench_mig(
-                pods, *gpus, *speedup, *advance, *resample, *mix, seeds, *json,
-            )
-        }
+        BenchCommand::Mig(args) => return bench_mig(args),
         BenchCommand::Latency {
             gpus,
             bookings,
@@ -108,17 +95,17 @@ fn bench_latency(gpus: usize, bookings: usize, decisions: usize, json: bool) -> 
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn bench_mig(
-    pods: &std::path::Path,
-    gpus: usize,
-    speedup: f64,
-    advance: f64,
-    resample: bool,
-    mix: crate::bench::mig::MixSource,
-    seeds: &str,
-    json: bool,
-) -> Result<()> {
+fn bench_mig(args: &super::args::MigBench) -> Result<()> {
+    let &super::args::MigBench {
+        ref pods,
+        gpus,
+        speedup,
+        advance,
+        resample,
+        mix,
+        ref seeds,
+        json,
+    } = args;
     use crate::bench::{mig, replay::parse_seeds};
     use crate::placement::mig::MigPolicy;
     if gpus == 0 {

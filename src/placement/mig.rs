@@ -669,7 +669,15 @@ fn best_slot(
         }
         count[g] = c.saturating_add(1);
     }
-    let mut first_of: std::collections::HashMap<StateKey, usize, BuildKeyHasher> =
+    // How much longer the booking keeps each GPU busy: the default
+    // policy's second key, nothing to best-fit.
+    let extends = |g: usize| match policy {
+        MigPolicy::Gpuslice => extension(last_end[g], window),
+        _ => 0,
+    };
+    // Of GPUs in one state, the one the booking keeps busy least longer,
+    // then the lowest index, with how much longer.
+    let mut first_of: std::collections::HashMap<StateKey, (i64, usize), BuildKeyHasher> =
         std::collections::HashMap::default();
     let mut representatives: Vec<usize> = Vec::new();
     for &g in &touched {
@@ -678,28 +686,16 @@ fn best_slot(
             continue;
         }
         match key_of(&mut items[g], count[g]) {
-            // Of GPUs in one state, the default policy ranks first the one
-            // the booking keeps busy least longer ([`rank`]), then the lowest
-            // index (best-fit: the lowest index alone).
             Some(key) => {
-                let order = |g: usize| {
-                    let longer = if policy == MigPolicy::Gpuslice {
-                        extension(last_end[g], window)
-                    } else {
-                        0
-                    };
-                    (longer, g)
-                };
-                let first = first_of.entry((fleet.model_of[g], key)).or_insert(g);
-                if order(g) < order(*first) {
-                    *first = g;
-                }
+                let this = (extends(g), g);
+                let first = first_of.entry((fleet.model_of[g], key)).or_insert(this);
+                *first = (*first).min(this);
             }
             // Too many to key: evaluated on its own.
             None => representatives.push(g),
         }
     }
-    representatives.extend(first_of.into_values());
+    representatives.extend(first_of.into_values().map(|(_, g)| g));
     // The empty state: the first GPU of each model with nothing near.
     let mut empty_found = vec![false; fleet.models.len()];
     let mut left = profiles.iter().filter(|p| p.is_some()).count();
@@ -717,7 +713,7 @@ fn best_slot(
 
     representatives
         .into_iter()
-        .filter_map(|i| rank(&gpus[i], i, profile_of(i)?, window, policy, mix))
+        .filter_map(|i| rank(&gpus[i], i, profile_of(i)?, window, policy, mix, extends(i)))
         .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal))
         .map(|(_, i, pl)| (i, pl))
 }
@@ -732,7 +728,9 @@ fn extension(last_end: i64, window: Window) -> i64 {
     window.end - last_end.clamp(window.start, window.end)
 }
 
-/// The best placement of `p` on GPU `i` for `policy`, with its key.
+/// The best placement of `p` on GPU `i` for `policy`, with its key;
+/// `extends`: how much longer the booking keeps the GPU busy ([`extension`]
+/// for the default policy, 0 for best-fit).
 fn rank(
     g: &MigGpu,
     i: usize,
@@ -740,6 +738,7 @@ fn rank(
     window: Window,
     policy: MigPolicy,
     mix: &ProfileMix,
+    extends: i64,
 ) -> Option<Ranked> {
     let present = g.present(window);
     let free = mig::free_placements(g.model, &present, p.nvml_id);
@@ -751,14 +750,6 @@ fn rank(
             .first()
             .map(|&pl| ((free_slices, 0, 0.0, i, pl.start), i, pl));
     }
-    let last_end = g
-        .bookings
-        .iter()
-        .filter(|b| b.window.overlaps(window))
-        .map(|b| b.window.end)
-        .max()
-        .unwrap_or(i64::MIN);
-    let extends = extension(last_end, window);
     let before = mix_capacity(g.model, &present, mix);
     let mut best: Option<Ranked> = None;
     for pl in free {
@@ -859,8 +850,8 @@ mod tests {
             end: b * 3600,
         };
         // Two H100s in the same state (one 1g, at the same slot), but GPU
-        // 0's 1g ends at 2 h and GPU 1's at 10 h.
-        let setup = || {
+        // 0's 1g ends at 2 h and GPU 1's at 10 h; where a 1g for `w` goes.
+        let gpu_for = |w: Window, policy: MigPolicy| {
             let mut g = h100s(2);
             for (gpu, end) in [(0, 2), (1, 10)] {
                 book(
@@ -871,33 +862,15 @@ mod tests {
                 )
                 .unwrap();
             }
-            g
+            book(&mut g, "1g.10gb", w, policy).unwrap().0
         };
         // A 1g for 0-5 h would keep GPU 0 busy 3 h longer; GPU 1 is busy
         // past its end anyway, so the default puts it there.
-        let mut g = setup();
-        assert_eq!(
-            book(&mut g, "1g.10gb", hours(0, 5), MigPolicy::Gpuslice)
-                .unwrap()
-                .0,
-            1
-        );
+        assert_eq!(gpu_for(hours(0, 5), MigPolicy::Gpuslice), 1);
         // Best-fit does not look at ends: equally full, the lowest index.
-        let mut g = setup();
-        assert_eq!(
-            book(&mut g, "1g.10gb", hours(0, 5), MigPolicy::BestFit)
-                .unwrap()
-                .0,
-            0
-        );
+        assert_eq!(gpu_for(hours(0, 5), MigPolicy::BestFit), 0);
         // A 1g for 0-1 h extends neither: the lowest index.
-        let mut g = setup();
-        assert_eq!(
-            book(&mut g, "1g.10gb", hours(0, 1), MigPolicy::Gpuslice)
-                .unwrap()
-                .0,
-            0
-        );
+        assert_eq!(gpu_for(hours(0, 1), MigPolicy::Gpuslice), 0);
     }
 
     #[test]
@@ -1064,7 +1037,14 @@ mod tests {
                         let pl = *mig::free_placements(g.model, &g.present(w), p.nvml_id).first()?;
                         return Some(((0.0, 0, 0.0, i, pl.start), i, pl));
                     }
-                    rank(g, i, p, w, policy, &mix())
+                    // How much longer, from the GPU's own bookings (the
+                    // fast path reads it off the time index).
+                    let last_end = g.bookings.iter().filter(|b| b.window.overlaps(w)).map(|b| b.window.end).max();
+                    let extends = match policy {
+                        MigPolicy::Gpuslice => extension(last_end.unwrap_or(i64::MIN), w),
+                        _ => 0,
+                    };
+                    rank(g, i, p, w, policy, &mix(), extends)
                 })
                 .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap())
                 .map(|(_, i, pl)| (i, pl));
