@@ -331,3 +331,68 @@ async fn a_long_transaction_elsewhere_costs_the_index_nothing() {
     long.commit().await.unwrap();
     check(&app, Kind::Mig, "after it ends").await;
 }
+
+#[tokio::test]
+async fn a_booking_holds_its_slot_for_every_second_it_touches() {
+    // Bookings start on whole seconds, but a release ends one at the
+    // moment it happens (a fraction of a second). The index works in whole
+    // seconds: it must count such a booking until the end of its last
+    // second, or a booking placed into the rest of that second trips the
+    // exclusion constraint on every try (a 500 after five).
+    let (app, who) = world().await;
+    let a = book(&app, &who, "mig", "1g.10gb", 1).await;
+    // Two hours ahead, on a whole second: A ends 0.3 s after it.
+    let (t,): (time::OffsetDateTime,) =
+        sqlx::query_as("SELECT date_trunc('second', now()) + interval '2 hours'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "UPDATE bookings SET during = tstzrange($2 - interval '1 hour', $2 + interval '0.3 seconds') WHERE id = $1",
+    )
+    .bind(a.id)
+    .bind(t)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    check(&app, Kind::Mig, "after the fractional end").await;
+    // B starts at that whole second, with the same profile: it must go to
+    // another slot (A still holds its own for 0.3 s), not A's.
+    let b = book_at(&app, &who, t).await;
+    assert_eq!(b.status.as_str(), "scheduled");
+    assert!(
+        (b.gpu_id, b.slice_start) != (a.gpu_id, a.slice_start),
+        "B took A's slot: {b:?}"
+    );
+    // A start asked for within a second is booked from that whole second.
+    let later = t + time::Duration::hours(3);
+    let c = book_at(&app, &who, later + time::Duration::milliseconds(700)).await;
+    assert_eq!(c.start, later);
+}
+
+/// A 1g.10gb booking of an hour from `start`, placed or queued.
+async fn book_at(
+    app: &TestApp,
+    who: &gpuslice::booking::Requester,
+    start: time::OffsetDateTime,
+) -> gpuslice::db::bookings::Booking {
+    let req = gpuslice::domain::booking::BookingInput {
+        tenant: "lab".into(),
+        kind: "mig".into(),
+        profile: "1g.10gb".into(),
+        hours: "1".into(),
+        start: start
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap(),
+        ..Default::default()
+    }
+    .parse()
+    .unwrap();
+    match gpuslice::booking::create(&app.pool, who, &req, None, &Default::default())
+        .await
+        .expect("booked")
+    {
+        gpuslice::booking::Created::New(b) => b,
+        gpuslice::booking::Created::Replayed(_) => unreachable!(),
+    }
+}

@@ -504,7 +504,8 @@ pub fn check_request(
             ));
             now
         }
-        Some(s) => s.max(now),
+        // On a whole second, as every booking starts (`now` is too).
+        Some(s) => s.replace_nanosecond(0).unwrap_or(s).max(now),
     };
     if errors.is_empty() {
         Ok(start)

@@ -110,8 +110,8 @@ pub async fn changes_since(
                   COALESCE(b.status = ANY($5) AND b.gpu_id IS NOT NULL, FALSE) AS "live!",
                   b.gpu_id AS "gpu_id?", b.kind AS "booking_kind?: Kind", b.profile AS "profile?",
                   lower(b.slices) AS slice_start, b.memory_gib AS "memory_gib?",
-                  extract(epoch FROM lower(b.during))::bigint AS "start?",
-                  extract(epoch FROM upper(b.during))::bigint AS "end?"
+                  floor(extract(epoch FROM lower(b.during)))::bigint AS "start?",
+                  ceil(extract(epoch FROM upper(b.during)))::bigint AS "end?"
            FROM s
            LEFT JOIN c ON TRUE
            LEFT JOIN bookings b ON b.id = c.booking_id"#,
@@ -183,8 +183,8 @@ pub async fn placed_bookings(
     sqlx::query_as!(
         Placed,
         r#"SELECT id, gpu_id AS "gpu_id!", kind AS "kind: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib, extract(epoch FROM lower(during))::bigint AS "start!",
-                  extract(epoch FROM upper(during))::bigint AS "end!"
+                  memory_gib, floor(extract(epoch FROM lower(during)))::bigint AS "start!",
+                  ceil(extract(epoch FROM upper(during)))::bigint AS "end!"
            FROM bookings
            WHERE status = ANY($2) AND gpu_id IS NOT NULL AND upper(during) > now()
              AND ($1::text IS NULL OR kind = $1)"#,
@@ -202,7 +202,7 @@ pub async fn foreign_placed(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Placed>
         Placed,
         r#"SELECT -f.gi_id::bigint AS "id!", f.gpu_id, 'mig' AS "kind!: Kind", f.profile AS "profile?",
                   f.slice_start AS "slice_start?", 0 AS "memory_gib!",
-                  extract(epoch FROM f.seen_at)::bigint AS "start!", 253402300799::bigint AS "end!"
+                  floor(extract(epoch FROM f.seen_at))::bigint AS "start!", 253402300799::bigint AS "end!"
            FROM foreign_instances f"#
     )
     .fetch_all(db)

@@ -24,8 +24,8 @@ pub async fn tenant_live_between(
     except: Option<i64>,
 ) -> sqlx::Result<Vec<Held>> {
     let rows = sqlx::query!(
-        r#"SELECT extract(epoch FROM lower(during))::bigint AS "start!",
-                  extract(epoch FROM upper(during))::bigint AS "end!", memory_gib, compute_slices
+        r#"SELECT floor(extract(epoch FROM lower(during)))::bigint AS "start!",
+                  ceil(extract(epoch FROM upper(during)))::bigint AS "end!", memory_gib, compute_slices
            FROM bookings
            WHERE tenant_id = $1 AND status = ANY($4) AND during && tstzrange($2, $3)
              AND id IS DISTINCT FROM $5"#,
@@ -82,6 +82,9 @@ pub struct Placed {
     pub profile: Option<String>,
     pub slice_start: Option<i32>,
     pub memory_gib: i32,
+    /// Unix seconds, rounded outwards (the start down, the end up): a
+    /// release ends a booking within a second, and placement in whole
+    /// seconds must still see it wherever the database's constraint does.
     pub start: i64,
     pub end: i64,
 }
@@ -91,13 +94,13 @@ pub async fn placed_live_on(db: impl PgExecutor<'_>, gpu_id: i64) -> sqlx::Resul
     sqlx::query_as!(
         Placed,
         r#"SELECT id AS "id!", gpu_id AS "gpu_id!", kind AS "kind!: Kind", profile, lower(slices) AS slice_start,
-                  memory_gib AS "memory_gib!", extract(epoch FROM lower(during))::bigint AS "start!",
-                  extract(epoch FROM upper(during))::bigint AS "end!"
+                  memory_gib AS "memory_gib!", floor(extract(epoch FROM lower(during)))::bigint AS "start!",
+                  ceil(extract(epoch FROM upper(during)))::bigint AS "end!"
            FROM bookings
            WHERE status = ANY($2) AND gpu_id = $1 AND upper(during) > now()
            UNION ALL
            SELECT -f.gi_id::bigint, f.gpu_id, 'mig', f.profile, f.slice_start, 0,
-                  extract(epoch FROM f.seen_at)::bigint, 253402300799
+                  floor(extract(epoch FROM f.seen_at))::bigint, 253402300799
            FROM foreign_instances f WHERE f.gpu_id = $1"#,
         gpu_id,
         &placed()[..]
