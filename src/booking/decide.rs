@@ -13,7 +13,7 @@ use time::{Duration, OffsetDateTime};
 
 use super::index::{self, PlacementIndex};
 use super::plan::{self, Asked, Fleet, MonthUse, Size, Spot};
-use super::{at, invalid, ts, BookingError, Created, Requester, Settings};
+use super::{at, invalid, ts, ts_end, BookingError, Created, Requester, Settings};
 use crate::db::{self, bookings::Booking, fleet::Bookable, tenants::Tenant};
 use crate::domain::booking::{self as rules, BookingRequest, Kind, Request, Status};
 use crate::placement::mig::Window;
@@ -63,7 +63,7 @@ pub(super) async fn decide(
 ) -> Result<Decision, BookingError> {
     let window = Window {
         start: ts(start),
-        end: ts(end),
+        end: ts_end(end),
     };
     // The tenant's held bookings and month use, read before the placement
     // lock (the caller holds the tenant's lock: nothing can add to them

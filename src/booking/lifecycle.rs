@@ -6,7 +6,7 @@ use time::Duration;
 
 use super::decide::{check_quota, share_fits};
 use super::plan::Size;
-use super::{invalid, ts, visible, when, BookingError, Requester};
+use super::{invalid, ts, ts_end, visible, when, BookingError, Requester};
 use crate::db::{self, bookings::Booking};
 use crate::domain::booking::{self as rules, Kind, Step, Transition};
 use crate::placement::mig::Window;
@@ -149,7 +149,7 @@ pub async fn extend(
         })?;
         let ext = Window {
             start: ts(b.end),
-            end: ts(new_end),
+            end: ts_end(new_end),
         };
         if !share_fits(&mut tx, gpu, b.memory_gib, ext, Some(id)).await? {
             return Err(BookingError::Refused(format!(

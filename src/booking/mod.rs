@@ -123,6 +123,12 @@ fn ts(t: OffsetDateTime) -> i64 {
     t.unix_timestamp()
 }
 
+/// Unix seconds, rounded up: a window's end, so that a window in whole
+/// seconds covers the booking (as placement reads them: `Placed`).
+fn ts_end(t: OffsetDateTime) -> i64 {
+    t.unix_timestamp() + i64::from(t.nanosecond() > 0)
+}
+
 fn at(secs: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(secs).unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
@@ -155,5 +161,20 @@ pub async fn visible(pool: &PgPool, who: &Requester, id: i64) -> Result<Booking,
         Ok(b)
     } else {
         Err(BookingError::NotFound)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_in_whole_seconds_covers_the_booking() {
+        let whole = at(1_800_000_000);
+        assert_eq!((ts(whole), ts_end(whole)), (1_800_000_000, 1_800_000_000));
+        // 0.3 s into a second: the start from that second, the end to the
+        // next one.
+        let inside = whole + time::Duration::milliseconds(300);
+        assert_eq!((ts(inside), ts_end(inside)), (1_800_000_000, 1_800_000_001));
     }
 }
