@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The security gate: `cargo deny` over the dependencies, then a
 # `gpuslice demo` on a free port, Schemathesis against its API (every
-# check, all phases with the stateful one, with a token) and the hostile
-# crawler against its pages and API as each demo role; then the demo stops.
+# check, all phases with the stateful one, with a manager's token, then
+# an admin's) and the hostile crawler against its pages and API as each
+# demo role; then the demo stops.
 # Exits non-zero on any server error, undocumented status code or content
 # type, schema violation, error in the demo's log, or dependency refused.
 #
 #   scripts/security-gate.sh            # release build (what CI runs)
 #   GATE_PROFILE=debug scripts/security-gate.sh   # the test build, faster
-#   GATE_MAX_TIME=120 ...               # seconds of Schemathesis fuzzing
+#   GATE_MAX_TIME=120 ...               # seconds of Schemathesis fuzzing, per role
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,18 +75,24 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 
-token=$("$bin" --data-dir "$data" token create --email pi@demo.gpuslice.dev --name security-gate | grep -o 'gps_[A-Za-z0-9_-]*' | head -1)
-
-echo "== Schemathesis: $base/api/v1/openapi.json (${max_time}s)"
-"$py/bin/schemathesis" --config-file deploy/security/schemathesis.toml run "$base/api/v1/openapi.json" \
-  --url "$base/api/v1" \
-  -H "Authorization: Bearer $token" \
-  --checks all \
-  --phases examples,coverage,fuzzing,stateful \
-  --max-time "$max_time" \
-  --workers 1 \
-  --suppress-health-check all \
-  --seed 42 || status=$?
+# As a manager who books (pi), then as an admin, whose powers reach every
+# tenant's bookings. The demo admin is in no tenant: it reaches the
+# bookings pi made where a guessed id hits one (ids are small), which is
+# how an admin's release without a reason was found (2026-12-07).
+for who in pi admin; do
+  token=$("$bin" --data-dir "$data" token create --email "$who@demo.gpuslice.dev" --name security-gate | grep -o 'gps_[A-Za-z0-9_-]*' | head -1) ||
+    { echo "could not create an API token for $who@demo.gpuslice.dev"; exit 1; }
+  echo "== Schemathesis as $who: $base/api/v1/openapi.json (${max_time}s)"
+  "$py/bin/schemathesis" --config-file deploy/security/schemathesis.toml run "$base/api/v1/openapi.json" \
+    --url "$base/api/v1" \
+    -H "Authorization: Bearer $token" \
+    --checks all \
+    --phases examples,coverage,fuzzing,stateful \
+    --max-time "$max_time" \
+    --workers 1 \
+    --suppress-health-check all \
+    --seed 42 || status=$?
+done
 
 echo "== hostile crawl of the pages as each demo role"
 "$py/bin/python" scripts/hostile_crawl.py "$base" "try gpuslice on a laptop" || status=$?

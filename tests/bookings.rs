@@ -307,6 +307,64 @@ async fn bad_input_gets_a_message_per_field_and_changes_nothing() {
         );
     }
     assert!(!fields.contains_key("tenant"), "{e}");
+    // A blank value is not the default: "start": "" is no time (found by
+    // Schemathesis, which had it booked for now). Leave a field out instead.
+    // A blank field with no default gets its own message.
+    for field in ["start", "model", "priority"] {
+        let mut body = json!({"tenant": "lab", "kind": "timeslice", "memory_gib": 8, "hours": 1});
+        body[field] = json!(" ");
+        let (s, e) = w.book(&t, body.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} -> {e}");
+        assert!(
+            e["fields"][field]
+                .as_str()
+                .is_some_and(|m| m.contains("empty")),
+            "{body} -> {e}"
+        );
+    }
+    let (s, e) = w
+        .book(
+            &t,
+            json!({"tenant": "lab", "kind": "mig", "profile": "", "hours": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(
+        e["fields"]["profile"]
+            .as_str()
+            .is_some_and(|m| m.contains("1g.10gb")),
+        "{e}"
+    );
+    // The API's start is RFC 3339 with its zone: a local time (the form's
+    // kind) or "now" would be guessed at, so they are refused by name.
+    for start in ["now", "2099-12-24T14:00", " 2099-12-24T14:00:00Z"] {
+        let (s, e) = w
+            .book(
+                &t,
+                json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": 1, "start": start}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{start} -> {e}");
+        assert!(
+            e["fields"]["start"]
+                .as_str()
+                .is_some_and(|m| m.contains("RFC 3339")),
+            "{start} -> {e}"
+        );
+    }
+    // A blank field beside a bad one: both named in one answer.
+    let (s, e) = w
+        .book(
+            &t,
+            json!({"tenant": "lab", "kind": "mig", "profile": "1g.10gb", "hours": "two", "start": ""}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(
+        e["fields"]["start"].is_string() && e["fields"]["hours"].is_string(),
+        "{e}"
+    );
+    assert_eq!(w.count("SELECT count(*) FROM bookings").await, 0);
     // Not JSON at all.
     let r = reqwest::Client::new()
         .post(w.app.url("/api/v1/bookings"))

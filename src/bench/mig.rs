@@ -7,7 +7,9 @@
 //! Tasks arrive at their `creation_time` and leave at their
 //! `deletion_time`; where the trace has no deletion time, a seeded
 //! exponential duration with the trace's mean is used. Seeds shift arrival
-//! order among equal times and draw the missing durations. A speed-up
+//! order among equal times and draw the missing durations; with a jitter,
+//! each pod also arrives up to that many seconds later (on its own
+//! generator, so that the rest of the stream is drawn as without it). A speed-up
 //! makes arrivals come faster with the same durations: heavier load on the
 //! same fleet. With `advance`, that share of the tasks is booked ahead: the
 //! booking is made 1–72 h (uniform, seeded) before the task's own start,
@@ -52,15 +54,23 @@ pub fn profile_for(milli: i64) -> &'static str {
 
 /// Mixed into the seed for [`stream`]'s bootstrap draw.
 const RESAMPLE_SALT: u64 = 0x5eed_b007;
+/// Mixed into the seed for [`stream`]'s arrival shifts.
+const JITTER_SALT: u64 = 0x0005_11de;
 
 /// Reads the pod CSV and builds the request stream for `seed`, with
 /// arrivals `speedup` times faster than the trace's (durations kept).
+/// With `jitter_s`, each pod arrives a uniform 0 to `jitter_s` whole
+/// seconds later than that, in replay time (its length kept): the same
+/// trace with its arrivals moved by less than a person would notice, to
+/// see whether an outcome belongs to the policy or to the stream's exact
+/// timing.
 pub fn stream(
     pods_csv: &Path,
     seed: u64,
     speedup: f64,
     advance: f64,
     resample: bool,
+    jitter_s: u32,
 ) -> Result<Vec<Request>, String> {
     let text = std::fs::read_to_string(pods_csv)
         .map_err(|e| format!("cannot read {}: {e}", pods_csv.display()))?;
@@ -116,9 +126,19 @@ pub fn stream(
         known.iter().sum::<i64>() as f64 / known.len() as f64
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // The shifts on their own generator: the lengths drawn, the bookings
+    // ahead and the tie-breaks stay what they are without them, so a
+    // shifted stream pairs up with the plain one pod by pod.
+    let mut shift = rand::rngs::StdRng::seed_from_u64(seed ^ JITTER_SALT);
     let mut out = Vec::new();
     for (created, length, num, milli) in raw {
-        let created = first + ((created - first) as f64 / speedup) as i64;
+        let created = first
+            + ((created - first) as f64 / speedup) as i64
+            + if jitter_s > 0 {
+                i64::from(shift.gen_range(0..=jitter_s))
+            } else {
+                0
+            };
         let depart = created
             + length.unwrap_or_else(|| {
                 let u: f64 = rng.gen_range(f64::EPSILON..1.0);
@@ -137,10 +157,10 @@ pub fn stream(
         };
         for _ in 0..count {
             // A random tie-break among equal arrival times, by seed.
-            let jitter: u32 = rng.gen();
+            let tie: u32 = rng.gen();
             out.push((
                 booked,
-                jitter,
+                tie,
                 Request {
                     booked,
                     arrive: created,
@@ -601,7 +621,7 @@ mod tests {
         }
         std::fs::write(&pods, csv).expect("the pod list written");
         let key = |r: &Request| (r.arrive, r.depart, r.profile);
-        let trace: Vec<_> = stream(&pods, 1, 1.0, 0.0, false)
+        let trace: Vec<_> = stream(&pods, 1, 1.0, 0.0, false, 0)
             .expect("the trace read")
             .iter()
             .map(key)
@@ -609,7 +629,7 @@ mod tests {
         assert_eq!(trace.len(), 12);
         let draws: Vec<Vec<_>> = (1..=4)
             .map(|seed| {
-                let s = stream(&pods, seed, 1.0, 0.0, true).expect("a resample drawn");
+                let s = stream(&pods, seed, 1.0, 0.0, true, 0).expect("a resample drawn");
                 s.iter().map(key).collect()
             })
             .collect();
@@ -629,12 +649,87 @@ mod tests {
         }));
         assert!(draws.windows(2).any(|w| w[0] != w[1]));
         // The same seed draws the same stream.
-        let again: Vec<_> = stream(&pods, 1, 1.0, 0.0, true)
+        let again: Vec<_> = stream(&pods, 1, 1.0, 0.0, true, 0)
             .expect("a resample drawn")
             .iter()
             .map(key)
             .collect();
         assert_eq!(again, draws[0]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_jittered_stream_moves_each_pod_by_at_most_the_jitter_and_draws_the_rest_as_before() {
+        let dir = std::env::temp_dir().join(format!("gpuslice-jitter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let pods = dir.join("pods.csv");
+        let mut csv = String::from("name,num_gpu,gpu_milli,creation_time,deletion_time\n");
+        for i in 0..40i64 {
+            // Arrivals 10 minutes apart; every third pod has no deletion
+            // time (its length is drawn), every fifth asks for two GPUs.
+            let (num, milli) = if i % 5 == 0 {
+                (2, 1000)
+            } else {
+                (1, 250 + 25 * (i % 4))
+            };
+            let end = if i % 3 == 0 {
+                String::new()
+            } else {
+                (i * 600 + 3600 + i).to_string()
+            };
+            csv += &format!("p{i},{num},{milli},{},{end}\n", i * 600);
+        }
+        std::fs::write(&pods, csv).expect("the pod list written");
+        // With bookings ahead too: their lead times must not change.
+        let plain = stream(&pods, 3, 1.0, 0.3, false, 0).expect("the trace read");
+        let moved = stream(&pods, 3, 1.0, 0.3, false, 60).expect("the trace read");
+        assert_eq!(plain.len(), 48, "32 one-GPU pods and 8 two-GPU pods");
+        // Shifts of at most 60 s cannot reorder arrivals 600 s apart, and
+        // the lead times are kept: pair the two streams by arrival order.
+        let by_arrival = |s: &[Request]| {
+            let mut v: Vec<Request> = s.to_vec();
+            v.sort_by_key(|r| r.arrive);
+            v
+        };
+        let (plain, moved) = (by_arrival(&plain), by_arrival(&moved));
+        for (p, m) in plain.iter().zip(&moved) {
+            let by = m.arrive - p.arrive;
+            assert!((0..=60).contains(&by), "moved by {by} s");
+            assert_eq!(
+                m.depart - m.arrive,
+                p.depart - p.arrive,
+                "the length is kept, drawn ones too"
+            );
+            assert_eq!(
+                m.arrive - m.booked,
+                p.arrive - p.booked,
+                "the lead time is kept"
+            );
+            assert_eq!(m.profile, p.profile);
+        }
+        assert!(plain.iter().zip(&moved).any(|(p, m)| p.arrive != m.arrive));
+        assert!(
+            plain.iter().any(|r| r.booked < r.arrive),
+            "some booked ahead"
+        );
+        // A two-GPU pod's two requests move together.
+        let sevens: Vec<i64> = moved
+            .iter()
+            .filter(|r| r.profile == "7g.80gb")
+            .map(|r| r.arrive)
+            .collect();
+        assert_eq!(sevens.len(), 16);
+        assert!(sevens.chunks(2).all(|c| c[0] == c[1]), "{sevens:?}");
+        // Another seed moves them otherwise; the same seed the same way.
+        let arrivals = |seed| {
+            let s = stream(&pods, seed, 1.0, 0.3, false, 60).expect("the trace read");
+            by_arrival(&s).iter().map(|r| r.arrive).collect::<Vec<_>>()
+        };
+        assert_ne!(arrivals(4), arrivals(3));
+        assert_eq!(
+            arrivals(3),
+            moved.iter().map(|r| r.arrive).collect::<Vec<_>>()
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -486,6 +486,12 @@ pub struct MigBench {
     /// streams of the same kind, for comparing policies in expectation.
     #[arg(long)]
     pub resample: bool,
+    /// Moves each pod's arrival a uniform 0 to this many whole seconds
+    /// later, in replay time (seeded; its length kept): the same trace
+    /// with arrivals shifted by less than a person would notice, to see
+    /// whether one stream's outcome is the policy's or its timing's.
+    #[arg(long, default_value_t = 0)]
+    pub jitter_s: u32,
     /// The profile mix the default policy keeps room for.
     #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
     pub mix: crate::bench::mig::MixSource,

@@ -102,6 +102,7 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         speedup,
         advance,
         resample,
+        jitter_s,
         mix,
         ref seeds,
         json,
@@ -119,8 +120,8 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
     }
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
-        let stream =
-            mig::stream(pods, seed, speedup, advance / 100.0, resample).map_err(|e| anyhow!(e))?;
+        let stream = mig::stream(pods, seed, speedup, advance / 100.0, resample, jitter_s)
+            .map_err(|e| anyhow!(e))?;
         let mut base = None;
         // Each policy; the repack reference; with bookings ahead, the
         // default policy moving scheduled bookings to let requests in.

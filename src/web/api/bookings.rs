@@ -82,7 +82,8 @@ pub async fn list(
 }
 
 /// The fields of a booking body: strings or numbers, unknown fields
-/// refused by name.
+/// refused by name, and a blank string where leaving the field out
+/// would mean a default.
 pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
     let obj = body
         .as_object()
@@ -110,10 +111,24 @@ pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
     if !unknown.is_empty() {
         return Err(AppError::Invalid(unknown));
     }
+    /// The fields that may be left out for a default.
+    const DEFAULTED: [&str; 3] = ["model", "priority", "start"];
     let mut bad = Vec::new();
     let mut get = |k: &str| -> String {
         match obj.get(k) {
             None | Some(Value::Null) => String::new(),
+            // Where empty means the default (the form's "now", "any
+            // model", the tenant's priority), a blank string must not
+            // quietly mean it too: the schema has no blank value. Other
+            // fields go on to their own messages.
+            Some(Value::String(s)) if s.trim().is_empty() && DEFAULTED.contains(&k) => {
+                bad.push((
+                    k.to_string(),
+                    "empty: give a value, or leave the field out (or null) for its default"
+                        .to_string(),
+                ));
+                String::new()
+            }
             Some(Value::String(s)) => s.clone(),
             // 1.0 is the whole number 1 (as JSON Schema counts it).
             Some(Value::Number(n)) => match n.as_f64() {
@@ -139,11 +154,34 @@ pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
         tz_offset_minutes: String::new(),
         hours: get("hours"),
     };
-    if bad.is_empty() {
-        Ok(input)
-    } else {
-        Err(AppError::Invalid(bad))
+    // The API's start is RFC 3339, zone included (the form's local time
+    // and "now" are the form's): a time without its zone would be guessed.
+    if !input.start.is_empty()
+        && !bad.iter().any(|(f, _)| f == "start")
+        && time::OffsetDateTime::parse(&input.start, &time::format_description::well_known::Rfc3339)
+            .is_err()
+    {
+        bad.push((
+            "start".to_string(),
+            format!(
+                "\"{}\" is not an RFC 3339 time with its zone, such as 2026-12-24T14:00:00Z; \
+                 leave the field out for now",
+                input.start
+            ),
+        ));
     }
+    if bad.is_empty() {
+        return Ok(input);
+    }
+    // One answer names every bad field: the other fields' own messages too.
+    if let Err(more) = input.parse() {
+        for (field, message) in more {
+            if !bad.iter().any(|(b, _)| b == field) {
+                bad.push((field.to_string(), message));
+            }
+        }
+    }
+    Err(AppError::Invalid(bad))
 }
 
 /// Books a MIG instance or a time-sliced share: 201 with the booking
