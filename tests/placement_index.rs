@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{book, member, SimNode, TestApp};
+use common::{book, book_from, member, SimNode, TestApp};
 use gpuslice::booking::index::{self, SyncStats};
 use gpuslice::domain::booking::Kind;
 use sqlx::Acquire;
@@ -358,7 +358,7 @@ async fn a_booking_holds_its_slot_for_every_second_it_touches() {
     check(&app, Kind::Mig, "after the fractional end").await;
     // B starts at that whole second, with the same profile: it must go to
     // another slot (A still holds its own for 0.3 s), not A's.
-    let b = book_at(&app, &who, t).await;
+    let b = book_from(&app, &who, "mig", "1g.10gb", 1, Some(t)).await;
     assert_eq!(b.status.as_str(), "scheduled");
     assert!(
         (b.gpu_id, b.slice_start) != (a.gpu_id, a.slice_start),
@@ -366,33 +366,14 @@ async fn a_booking_holds_its_slot_for_every_second_it_touches() {
     );
     // A start asked for within a second is booked from that whole second.
     let later = t + time::Duration::hours(3);
-    let c = book_at(&app, &who, later + time::Duration::milliseconds(700)).await;
+    let c = book_from(
+        &app,
+        &who,
+        "mig",
+        "1g.10gb",
+        1,
+        Some(later + time::Duration::milliseconds(700)),
+    )
+    .await;
     assert_eq!(c.start, later);
-}
-
-/// A 1g.10gb booking of an hour from `start`, placed or queued.
-async fn book_at(
-    app: &TestApp,
-    who: &gpuslice::booking::Requester,
-    start: time::OffsetDateTime,
-) -> gpuslice::db::bookings::Booking {
-    let req = gpuslice::domain::booking::BookingInput {
-        tenant: "lab".into(),
-        kind: "mig".into(),
-        profile: "1g.10gb".into(),
-        hours: "1".into(),
-        start: start
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap(),
-        ..Default::default()
-    }
-    .parse()
-    .unwrap();
-    match gpuslice::booking::create(&app.pool, who, &req, None, &Default::default())
-        .await
-        .expect("booked")
-    {
-        gpuslice::booking::Created::New(b) => b,
-        gpuslice::booking::Created::Replayed(_) => unreachable!(),
-    }
 }

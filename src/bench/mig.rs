@@ -134,11 +134,7 @@ pub fn stream(
     for (created, length, num, milli) in raw {
         let created = first
             + ((created - first) as f64 / speedup) as i64
-            + if jitter_s > 0 {
-                i64::from(shift.gen_range(0..=jitter_s))
-            } else {
-                0
-            };
+            + i64::from(shift.gen_range(0..=jitter_s));
         let depart = created
             + length.unwrap_or_else(|| {
                 let u: f64 = rng.gen_range(f64::EPSILON..1.0);
@@ -606,20 +602,37 @@ mod tests {
         );
     }
 
+    /// Writes a pod list with the trace's columns, one row per item, into
+    /// a fresh temporary folder named by `tag`: (the folder, the list).
+    /// The caller removes the folder.
+    fn pod_list(
+        tag: &str,
+        rows: impl Iterator<Item = String>,
+    ) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("gpuslice-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let pods = dir.join("pods.csv");
+        let mut csv = String::from("name,num_gpu,gpu_milli,creation_time,deletion_time\n");
+        for row in rows {
+            csv += &row;
+            csv.push('\n');
+        }
+        std::fs::write(&pods, csv).expect("the pod list written");
+        (dir, pods)
+    }
+
     #[test]
     fn a_resampled_stream_draws_the_traces_own_pods_with_replacement() {
         // Twelve pods, each with its own arrival, length and shape; all
         // one GPU or less, so that each pod is one request.
-        let dir = std::env::temp_dir().join(format!("gpuslice-resample-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let pods = dir.join("pods.csv");
-        let mut csv = String::from("name,num_gpu,gpu_milli,creation_time,deletion_time\n");
         let shapes = [100, 300, 500, 1000];
-        for i in 0..12i64 {
-            let milli = shapes[i as usize % 4];
-            csv += &format!("p{i},1,{milli},{},{}\n", i * 600, i * 600 + 3600 * (i + 1));
-        }
-        std::fs::write(&pods, csv).expect("the pod list written");
+        let (dir, pods) = pod_list(
+            "resample",
+            (0..12i64).map(|i| {
+                let milli = shapes[i as usize % 4];
+                format!("p{i},1,{milli},{},{}", i * 600, i * 600 + 3600 * (i + 1))
+            }),
+        );
         let key = |r: &Request| (r.arrive, r.depart, r.profile);
         let trace: Vec<_> = stream(&pods, 1, 1.0, 0.0, false, 0)
             .expect("the trace read")
@@ -660,26 +673,24 @@ mod tests {
 
     #[test]
     fn a_jittered_stream_moves_each_pod_by_at_most_the_jitter_and_draws_the_rest_as_before() {
-        let dir = std::env::temp_dir().join(format!("gpuslice-jitter-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let pods = dir.join("pods.csv");
-        let mut csv = String::from("name,num_gpu,gpu_milli,creation_time,deletion_time\n");
-        for i in 0..40i64 {
-            // Arrivals 10 minutes apart; every third pod has no deletion
-            // time (its length is drawn), every fifth asks for two GPUs.
-            let (num, milli) = if i % 5 == 0 {
-                (2, 1000)
-            } else {
-                (1, 250 + 25 * (i % 4))
-            };
-            let end = if i % 3 == 0 {
-                String::new()
-            } else {
-                (i * 600 + 3600 + i).to_string()
-            };
-            csv += &format!("p{i},{num},{milli},{},{end}\n", i * 600);
-        }
-        std::fs::write(&pods, csv).expect("the pod list written");
+        // Arrivals 10 minutes apart; every third pod has no deletion time
+        // (its length is drawn), every fifth asks for two GPUs.
+        let (dir, pods) = pod_list(
+            "jitter",
+            (0..40i64).map(|i| {
+                let (num, milli) = if i % 5 == 0 {
+                    (2, 1000)
+                } else {
+                    (1, 250 + 25 * (i % 4))
+                };
+                let end = if i % 3 == 0 {
+                    String::new()
+                } else {
+                    (i * 600 + 3600 + i).to_string()
+                };
+                format!("p{i},{num},{milli},{},{end}", i * 600)
+            }),
+        );
         // With bookings ahead too: their lead times must not change.
         let plain = stream(&pods, 3, 1.0, 0.3, false, 0).expect("the trace read");
         let moved = stream(&pods, 3, 1.0, 0.3, false, 60).expect("the trace read");

@@ -51,6 +51,13 @@ pub struct Asked {
 /// Parses an availability question at `now`, one message per bad field.
 /// A `from` in the past means now; a `to` past the horizon (bookings may
 /// start at most `max_ahead_days` ahead) means the horizon.
+/// A time as the API takes it: RFC 3339, with its zone; or what to tell
+/// the caller.
+pub fn rfc3339(raw: &str) -> Result<OffsetDateTime, String> {
+    OffsetDateTime::parse(raw, &Rfc3339)
+        .map_err(|_| format!("\"{raw}\" is not an RFC 3339 time such as 2026-12-24T14:00:00Z"))
+}
+
 pub fn parse(
     q: &AvailabilityQuery,
     now: OffsetDateTime,
@@ -120,13 +127,10 @@ pub fn parse(
     let now_s = now.unix_timestamp();
     let instant = |field: &str, raw: &str, errors: &mut Vec<(String, String)>| match raw.trim() {
         "" => None,
-        r => match OffsetDateTime::parse(r, &Rfc3339) {
+        r => match rfc3339(r) {
             Ok(t) => Some(t.unix_timestamp()),
-            Err(_) => {
-                errors.push((
-                    field.into(),
-                    format!("\"{r}\" is not an RFC 3339 time such as 2026-12-24T14:00:00Z"),
-                ));
+            Err(e) => {
+                errors.push((field.into(), e));
                 None
             }
         },

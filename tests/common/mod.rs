@@ -26,13 +26,26 @@ pub fn require_root(what: &str) -> bool {
 }
 
 /// A new booking of tenant `lab` made through the booking rules
-/// (`kind` mig with `profile`, or timeslice with `memory_gib` 8, normal).
+/// (`kind` mig with `profile`, or timeslice with `memory_gib` 8, normal),
+/// from now.
 pub async fn book(
     app: &TestApp,
     who: &gpuslice::booking::Requester,
     kind: &str,
     profile: &str,
     hours: u32,
+) -> gpuslice::db::bookings::Booking {
+    book_from(app, who, kind, profile, hours, None).await
+}
+
+/// [`book`], from `start` when given.
+pub async fn book_from(
+    app: &TestApp,
+    who: &gpuslice::booking::Requester,
+    kind: &str,
+    profile: &str,
+    hours: u32,
+    start: Option<time::OffsetDateTime>,
 ) -> gpuslice::db::bookings::Booking {
     use gpuslice::booking::{self, Created};
     let req = gpuslice::domain::booking::BookingInput {
@@ -50,6 +63,12 @@ pub async fn book(
             String::new()
         },
         hours: hours.to_string(),
+        start: start
+            .map(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .unwrap()
+            })
+            .unwrap_or_default(),
         ..Default::default()
     }
     .parse()

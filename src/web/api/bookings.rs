@@ -156,19 +156,13 @@ pub fn input_from_json(body: &Value) -> Result<BookingInput, AppError> {
     };
     // The API's start is RFC 3339, zone included (the form's local time
     // and "now" are the form's): a time without its zone would be guessed.
-    if !input.start.is_empty()
-        && !bad.iter().any(|(f, _)| f == "start")
-        && time::OffsetDateTime::parse(&input.start, &time::format_description::well_known::Rfc3339)
-            .is_err()
-    {
-        bad.push((
-            "start".to_string(),
-            format!(
-                "\"{}\" is not an RFC 3339 time with its zone, such as 2026-12-24T14:00:00Z; \
-                 leave the field out for now",
-                input.start
-            ),
-        ));
+    if !input.start.is_empty() && !bad.iter().any(|(f, _)| f == "start") {
+        if let Err(e) = crate::web::timeline::rfc3339(&input.start) {
+            bad.push((
+                "start".to_string(),
+                format!("{e}; leave the field out for now"),
+            ));
+        }
     }
     if bad.is_empty() {
         return Ok(input);
