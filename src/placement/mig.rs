@@ -95,10 +95,10 @@ pub enum MigPolicy {
     FirstFit,
     /// The GPU with the fewest free memory slices that fits; lowest placement.
     BestFit,
-    /// gpuslice's default: the GPU and placement that lose least of the
-    /// profile mix's capacity, then the GPU whose bookings the new one
-    /// outlasts least, then the fullest GPU (fewest free memory slices),
-    /// then the lowest index and placement.
+    /// gpuslice's default: the GPU whose bookings the new one outlasts
+    /// least (an empty GPU last), then the GPU and placement that lose
+    /// least of the profile mix's capacity, then the lowest index and
+    /// placement.
     Gpuslice,
 }
 
@@ -670,7 +670,7 @@ fn best_slot(
         count[g] = c.saturating_add(1);
     }
     // How much longer the booking keeps each GPU busy: the default
-    // policy's second key, nothing to best-fit.
+    // policy's first key, nothing to best-fit.
     let extends = |g: usize| match policy {
         MigPolicy::Gpuslice => extension(last_end[g], window),
         _ => 0,
@@ -691,7 +691,10 @@ fn best_slot(
                 let first = first_of.entry((fleet.model_of[g], key)).or_insert(this);
                 *first = (*first).min(this);
             }
-            // Too many to key: evaluated on its own.
+            // Too many to key: evaluated on its own (on the models in the
+            // catalogue it is full anyway, since the compute slices of all
+            // bookings overlapping the window are counted together and
+            // nine bookings hold at least nine, more than any GPU has).
             None => representatives.push(g),
         }
     }
@@ -718,8 +721,10 @@ fn best_slot(
         .map(|(_, i, pl)| (i, pl))
 }
 
-/// A ranking key (lower is better), the GPU and the placement.
-type Ranked = ((f64, i64, f64, usize, u8), usize, Placement);
+/// A ranking key (lower is better), the GPU and the placement: how much
+/// longer the booking keeps the GPU busy (0 for best-fit), the loss of the
+/// mix's capacity (best-fit: the free slices), the GPU and the slot.
+type Ranked = ((i64, f64, usize, u8), usize, Placement);
 
 /// How much longer a booking of `window` keeps a GPU busy whose bookings
 /// in that window end at `last_end` at the latest (`i64::MIN`: none):
@@ -742,13 +747,14 @@ fn rank(
 ) -> Option<Ranked> {
     let present = g.present(window);
     let free = mig::free_placements(g.model, &present, p.nvml_id);
-    let used: u8 = present.iter().map(|e| e.placement.size).sum();
-    let free_slices = f64::from(g.model.memory_slices.saturating_sub(used));
     if policy != MigPolicy::Gpuslice {
         // Best-fit: the fullest GPU, its lowest placement.
+        // Summed wide: a long window can overlap many bookings.
+        let used: u32 = present.iter().map(|e| u32::from(e.placement.size)).sum();
+        let free_slices = f64::from(u32::from(g.model.memory_slices).saturating_sub(used));
         return free
             .first()
-            .map(|&pl| ((free_slices, 0, 0.0, i, pl.start), i, pl));
+            .map(|&pl| ((0, free_slices, i, pl.start), i, pl));
     }
     let before = mix_capacity(g.model, &present, mix);
     let mut best: Option<Ranked> = None;
@@ -759,12 +765,13 @@ fn rank(
             placement: pl,
         });
         let loss = before - mix_capacity(g.model, &after, mix);
-        // Least loss of the mix's capacity; then the GPU whose bookings
-        // the new one outlasts least (so that GPUs empty out whole, after
-        // LAVA/NILAS: it extends an empty GPU's busy time by its whole
-        // window); then the fullest GPU (keep empty ones whole); then the
-        // lowest GPU and placement.
-        let key = (loss, extends, free_slices, i, pl.start);
+        // The GPU the booking keeps busy least longer (nothing where its
+        // bookings run past the new end; an empty GPU its whole window:
+        // bookings that end together share a GPU and free it whole, after
+        // LAVA/NILAS); of those, the least loss of the mix's capacity
+        // (which also picks the slot on the GPU); then the lowest GPU and
+        // placement.
+        let key = (extends, loss, i, pl.start);
         if best.as_ref().is_none_or(|b| key < b.0) {
             best = Some((key, i, pl));
         }
@@ -871,6 +878,50 @@ mod tests {
         assert_eq!(gpu_for(hours(0, 5), MigPolicy::BestFit), 0);
         // A 1g for 0-1 h extends neither: the lowest index.
         assert_eq!(gpu_for(hours(0, 1), MigPolicy::Gpuslice), 0);
+    }
+
+    #[test]
+    fn how_much_longer_comes_before_the_mix_loss() {
+        let hours = |a: i64, b: i64| Window {
+            start: a * 3600,
+            end: b * 3600,
+        };
+        // GPU 0 holds a 1g at slot 4 until 10 h: a 3g for 0-5 h fits only
+        // at slots 0-3 there and takes all the room left (for a 4g, 2gs
+        // and 1gs). GPU 1 holds a 1g at slot 0 until 2 h: the 3g fits only
+        // at 4-7 and leaves slots 1-3 for a 2g or 1gs, so the mix loses
+        // less there, but it would keep GPU 1 busy 3 h longer.
+        let mut g = h100s(2);
+        let three_g = g[0].model.profile("3g.40gb").unwrap();
+        let one_g = g[0].model.profile("1g.10gb").unwrap();
+        for (gpu, slot, end) in [(0, 4, 10), (1, 0, 2)] {
+            g[gpu].bookings.push(Booked {
+                profile_id: one_g.nvml_id,
+                placement: Placement {
+                    start: slot,
+                    size: 1,
+                },
+                window: hours(0, end),
+            });
+        }
+        let loss = |gpu: &MigGpu, at: u8| {
+            let present = gpu.present(hours(0, 5));
+            let mut after = present.clone();
+            after.push(Existing {
+                profile_id: three_g.nvml_id,
+                placement: Placement { start: at, size: 4 },
+            });
+            mix_capacity(gpu.model, &present, &mix()) - mix_capacity(gpu.model, &after, &mix())
+        };
+        assert!(
+            loss(&g[1], 4) < loss(&g[0], 0),
+            "GPU 1 loses less of the mix"
+        );
+        assert_eq!(
+            book(&mut g, "3g.40gb", hours(0, 5), MigPolicy::Gpuslice).unwrap(),
+            (0, Placement { start: 0, size: 4 }),
+            "the default goes where the booking ends inside the GPU's busy time"
+        );
     }
 
     #[test]
@@ -1035,7 +1086,7 @@ mod tests {
                     let p = g.model.profile(names[pi])?;
                     if policy == MigPolicy::FirstFit {
                         let pl = *mig::free_placements(g.model, &g.present(w), p.nvml_id).first()?;
-                        return Some(((0.0, 0, 0.0, i, pl.start), i, pl));
+                        return Some(((0, 0.0, i, pl.start), i, pl));
                     }
                     // How much longer, from the GPU's own bookings (the
                     // fast path reads it off the time index).
