@@ -9,9 +9,9 @@
 //! exponential duration with the trace's mean is used. Seeds shift arrival
 //! order among equal times and draw the missing durations; with a jitter,
 //! each pod also arrives up to that many seconds later (on its own
-//! generator, so that the rest of the stream is drawn as without it). A speed-up
-//! makes arrivals come faster with the same durations: heavier load on the
-//! same fleet. With `advance`, that share of the tasks is booked ahead: the
+//! generator, so that the rest of the stream is drawn as without it). A
+//! speed-up makes arrivals come faster with the same durations: heavier
+//! load on the same fleet. With `advance`, that share of the tasks is booked ahead: the
 //! booking is made 1–72 h (uniform, seeded) before the task's own start,
 //! for the task's own window; the rest are booked when they start.
 //! Requests are decided in the order they are booked. The default policy

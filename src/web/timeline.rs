@@ -48,9 +48,6 @@ pub struct Asked {
     pub period: Window,
 }
 
-/// Parses an availability question at `now`, one message per bad field.
-/// A `from` in the past means now; a `to` past the horizon (bookings may
-/// start at most `max_ahead_days` ahead) means the horizon.
 /// A time as the API takes it: RFC 3339, with its zone; or what to tell
 /// the caller.
 pub fn rfc3339(raw: &str) -> Result<OffsetDateTime, String> {
@@ -58,6 +55,9 @@ pub fn rfc3339(raw: &str) -> Result<OffsetDateTime, String> {
         .map_err(|_| format!("\"{raw}\" is not an RFC 3339 time such as 2026-12-24T14:00:00Z"))
 }
 
+/// Parses an availability question at `now`, one message per bad field.
+/// A `from` in the past means now; a `to` past the horizon (bookings may
+/// start at most `max_ahead_days` ahead) means the horizon.
 pub fn parse(
     q: &AvailabilityQuery,
     now: OffsetDateTime,
