@@ -18,6 +18,20 @@ fn json_of(cmd: &mut Command) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `bench mig` with `args` on `pods` exits 1 with `says` in its message.
+fn refused(args: &[&str], pods: &std::path::Path, says: &str) {
+    let out = gpuslice()
+        .args(["bench", "mig"])
+        .args(args)
+        .arg("--pods")
+        .arg(pods)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{args:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(says), "{args:?}: {stderr}");
+}
+
 fn write_trace(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let nodes = dir.join("nodes.csv");
     let pods = dir.join("pods.csv");
@@ -189,13 +203,45 @@ fn latency_and_mig_benchmarks_run_small() {
             "{fast} vs {slow}"
         );
     }
-    let bad = gpuslice()
-        .args(["bench", "mig", "--speedup", "0", "--pods"])
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--speedup must be a positive number"));
+    refused(
+        &["--speedup", "0"],
+        &pods,
+        "--speedup must be a positive number",
+    );
+    // An order of the ranking terms: first-fit and that order only; the
+    // default's own order decides as the default does.
+    let keyed = json_of(
+        gpuslice()
+            .args([
+                "bench", "mig", "--gpus", "4", "--key", "ext,loss", "--json", "--pods",
+            ])
+            .arg(&pods),
+    );
+    let keyed = keyed.as_array().unwrap();
+    let policies: Vec<&str> = keyed
+        .iter()
+        .map(|r| r["result"]["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["first-fit", "key ext,loss"]);
+    assert_eq!(rows[2]["result"]["policy"], "gpuslice");
+    assert_eq!(
+        keyed[1]["result"]["served_slice_hours"],
+        rows[2]["result"]["served_slice_hours"]
+    );
+    assert_eq!(
+        keyed[1]["result"]["accepted"],
+        rows[2]["result"]["accepted"]
+    );
+    refused(
+        &["--key", "ext,fullest"],
+        &pods,
+        "--key: unknown term \"fullest\"",
+    );
+    refused(
+        &["--key", "ext", "--advance", "10"],
+        &pods,
+        "leave out --advance",
+    );
     // Half the requests booked ahead: a fifth run moves
     // bookings ahead, never one within ten minutes of its start.
     let ahead = json_of(

@@ -278,7 +278,7 @@ pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy, mix: MixSource)
     replay(
         requests,
         gpus,
-        policy.name(),
+        &policy.label(),
         mix,
         |fleet, booking, mix, _| place_on(fleet, booking, policy, mix).then_some(Vec::new()),
     )
@@ -297,7 +297,7 @@ pub fn run_moving(
     policy: MigPolicy,
     mix: MixSource,
 ) -> MigResult {
-    let name = format!("{} + moves", policy.name());
+    let name = format!("{} + moves", policy.label());
     replay(requests, gpus, &name, mix, |fleet, booking, mix, now| {
         let p = fleet.first()?.model.profile_by_id(booking.profile_id)?;
         let profile = p.name.clone();

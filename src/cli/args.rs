@@ -495,6 +495,15 @@ pub struct MigBench {
     /// The profile mix the default policy keeps room for.
     #[arg(long, value_enum, default_value_t = crate::bench::mig::MixSource::Recent)]
     pub mix: crate::bench::mig::MixSource,
+    /// Replays first-fit and a policy that ranks placements by these
+    /// terms in order, and nothing else (named "key ORDER" in results):
+    /// ext (how much longer the booking keeps the GPU busy), overhang
+    /// (how long the GPU's bookings outlast it), loss (of the profile
+    /// mix's capacity), free (fewest free slices), mostfree, idx; the
+    /// GPU's index and the slot break the remaining ties. "ext,loss" is
+    /// the default policy's order.
+    #[arg(long, value_name = "ORDER")]
+    pub key: Option<String>,
     #[arg(long, default_value = "42")]
     pub seeds: String,
     #[arg(long)]

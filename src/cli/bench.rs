@@ -104,11 +104,20 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         resample,
         jitter_s,
         mix,
+        ref key,
         ref seeds,
         json,
     } = args;
     use crate::bench::{mig, replay::parse_seeds};
-    use crate::placement::mig::MigPolicy;
+    use crate::placement::mig::{KeyOrder, MigPolicy};
+    let order = key
+        .as_deref()
+        .map(KeyOrder::parse)
+        .transpose()
+        .map_err(|e| anyhow!("--key: {e}"))?;
+    if order.is_some() && advance > 0.0 {
+        bail!("--key replays first-fit and the order only, without bookings ahead: leave out --advance");
+    }
     if gpus == 0 {
         bail!("--gpus: the fleet needs at least one GPU");
     }
@@ -125,13 +134,19 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         let mut base = None;
         // Each policy; the repack reference; with bookings ahead, the
         // default policy moving scheduled bookings to let requests in.
-        let mut runs: Vec<(Option<MigPolicy>, bool)> = MigPolicy::ALL
-            .into_iter()
-            .map(|p| (Some(p), false))
-            .collect();
-        runs.push((None, false));
-        if advance > 0.0 {
-            runs.push((Some(MigPolicy::Gpuslice), true));
+        // With --key: first-fit and that order only.
+        let mut runs: Vec<(Option<MigPolicy>, bool)> = match order {
+            Some(o) => vec![MigPolicy::FirstFit, MigPolicy::Ordered(o)],
+            None => MigPolicy::ALL.to_vec(),
+        }
+        .into_iter()
+        .map(|p| (Some(p), false))
+        .collect();
+        if order.is_none() {
+            runs.push((None, false));
+            if advance > 0.0 {
+                runs.push((Some(MigPolicy::Gpuslice), true));
+            }
         }
         for (p, moving) in runs {
             let started = std::time::Instant::now();
@@ -143,7 +158,7 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(
-                    "seed {seed} {:<10} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours ({:9.0} before the last arrival, fleet {:4.1} % busy), stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
+                    "seed {seed} {:<22} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours ({:9.0} before the last arrival, fleet {:4.1} % busy), stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
                     r.policy,
                     r.accepted,
                     r.requests,
