@@ -5,10 +5,10 @@
 # 16× against first-fit on the same seeds. Prints one row per order, best
 # first: the cells (pod list × load) at or above first-fit by the full
 # total and before the last arrival, the lowest and the summed change, and
-# the ten changes. This is how the default's order was chosen and what it
-# was judged against afterwards (BENCHMARKS.md, "Extension first"): one
-# stream proposes, the paired resampled check (scripts/bench-mig-pair.sh
-# ORDER) decides. About 4 minutes here for the 65 orders of the five
+# the ten changes. A sweep of this kind (on a temporary switch, with the
+# index as a term) proposed the default's order (BENCHMARKS.md, "Extension
+# first"): one stream proposes, the paired resampled check
+# (scripts/bench-mig-pair.sh ORDER) decides. About 4 minutes here for the 65 orders of the five
 # default terms on 40 GPUs. A change counts as level to 0.01 %.
 # Usage: scripts/bench-mig-sweep.sh [SEEDS] [GPUS] [TERMS]
 #   e.g. scripts/bench-mig-sweep.sh 42..51 40 "ext overhang loss free mostfree"

@@ -127,28 +127,27 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
     if !(0.0..=100.0).contains(&advance) {
         bail!("--advance is a percentage of requests booked ahead, 0 to 100");
     }
+    // Each policy; the repack reference (None); with bookings ahead, the
+    // default policy moving scheduled bookings to let requests in. With
+    // --key: first-fit and that order only.
+    let runs: Vec<(Option<MigPolicy>, bool)> = match order {
+        Some(o) => vec![
+            (Some(MigPolicy::FirstFit), false),
+            (Some(MigPolicy::Ordered(o)), false),
+        ],
+        None => MigPolicy::ALL
+            .into_iter()
+            .map(|p| (Some(p), false))
+            .chain([(None, false)])
+            .chain((advance > 0.0).then_some((Some(MigPolicy::Gpuslice), true)))
+            .collect(),
+    };
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
         let stream = mig::stream(pods, seed, speedup, advance / 100.0, resample, jitter_s)
             .map_err(|e| anyhow!(e))?;
         let mut base = None;
-        // Each policy; the repack reference; with bookings ahead, the
-        // default policy moving scheduled bookings to let requests in.
-        // With --key: first-fit and that order only.
-        let mut runs: Vec<(Option<MigPolicy>, bool)> = match order {
-            Some(o) => vec![MigPolicy::FirstFit, MigPolicy::Ordered(o)],
-            None => MigPolicy::ALL.to_vec(),
-        }
-        .into_iter()
-        .map(|p| (Some(p), false))
-        .collect();
-        if order.is_none() {
-            runs.push((None, false));
-            if advance > 0.0 {
-                runs.push((Some(MigPolicy::Gpuslice), true));
-            }
-        }
-        for (p, moving) in runs {
+        for &(p, moving) in &runs {
             let started = std::time::Instant::now();
             let r = match p {
                 Some(p) if moving => mig::run_moving(&stream, gpus, p, mix),

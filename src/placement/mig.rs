@@ -129,7 +129,7 @@ impl MigPolicy {
 
 /// One term of a placement's ranking key, lower first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Term {
+enum Term {
     /// How much longer the booking keeps the GPU busy: nothing where the
     /// GPU's bookings in its window run past its end, its whole window on
     /// an empty GPU.
@@ -159,7 +159,7 @@ impl Term {
     ];
 
     /// Its name in `bench mig --key`.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Term::Extension => "ext",
             Term::Overhang => "overhang",
@@ -182,7 +182,7 @@ pub struct KeyOrder {
 impl KeyOrder {
     /// At most this many terms: what the sweep of orders needs, and a key
     /// small enough to compare fast.
-    pub const MAX: usize = 3;
+    const MAX: usize = 3;
 
     const fn of(terms: &[Term]) -> KeyOrder {
         let mut all = [Term::Index; KeyOrder::MAX];
@@ -1001,14 +1001,14 @@ fn rank(
     let mut loss_at = None;
     for (at, (slot, &t)) in base.iter_mut().zip(terms).enumerate() {
         *slot = match t {
-            Term::Extension => times.extends as f64,
-            Term::Overhang => times.overhang as f64,
-            Term::Index => times.index as f64,
             Term::FewestFree => free_slices,
             Term::MostFree => -free_slices,
             Term::Loss => {
                 loss_at = Some(at);
                 0.0
+            }
+            Term::Extension | Term::Overhang | Term::Index => {
+                times.value(t).map_or(0.0, |v| v as f64)
             }
         };
     }
