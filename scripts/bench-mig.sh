@@ -28,9 +28,10 @@ def vs_first_fit(by_seed, pol, key):
         return "—", "—"
     d, wins, n = mig_bench.gain(by_seed, pol, "first-fit", key)
     return "%+.2f %%" % d, "%d of %d" % (wins, n)
+cells = {}
 for pods in ("default", "gpushare100"):
     for speedup in (1, 2, 4, 8, 16):
-        by_seed = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, 0)
+        by_seed = cells[pods, speedup] = mig_bench.run(bin, traces, pods, gpus, speedup, seeds, 0, causes=True)
         by = {p: list(rs.values()) for p, rs in by_seed.items()}  # means need no order
         for pol in ("first-fit", "best-fit", "gpuslice", "repack-reference"):
             rs = by[pol]
@@ -40,6 +41,20 @@ for pods in ("default", "gpushare100"):
                   format(round(served), ","), *vs_first_fit(by_seed, pol, "served_slice_hours"), 100 * (1 - inside / served),
                   *vs_first_fit(by_seed, pol, W), mean([r["window_busy_pct"] for r in rs]),
                   mean([r["busy_pct_at_refusals"] for r in rs])), flush=True)
+print()
+print("Refusals by cause: fragmentation's (packing every booking present again, largest first, would have held the request too) and capacity's (the rest: which requests were taken before decided them); means per seed")
+print("| pods | speed-up | policy | refused | fragmentation's | their slice-hours | capacity's: slice-hours | served vs first-fit |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for (pods, speedup), by_seed in cells.items():
+    for pol in ("first-fit", "gpuslice"):
+        rs = list(by_seed[pol].values())
+        refused = mean([r["requests"] - r["accepted"] for r in rs])
+        frag = mean([r["refused_fragmented"] for r in rs])
+        served = mean([r["served_slice_hours"] for r in rs])
+        print("| %s | %d | %s | %s | %s (%.0f %%) | %s | %s | %s |" % (pods, speedup, pol, format(round(refused), ","),
+              format(round(frag), ","), 100 * frag / max(refused, 1), format(round(mean([r["refused_fragmented_slice_hours"] for r in rs])), ","),
+              format(round(mean([r["refused_slice_hours"] for r in rs]) - mean([r["refused_fragmented_slice_hours"] for r in rs])), ","),
+              vs_first_fit(by_seed, pol, "served_slice_hours")[0]), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)
 print("| pods | speed-up | moves | accepted | served slice-hours | vs no moves | served before the last arrival, vs no moves | moves per 1,000 requests | least notice |")

@@ -208,6 +208,34 @@ fn latency_and_mig_benchmarks_run_small() {
         &pods,
         "--speedup must be a positive number",
     );
+    // Refusals by cause: only when asked for (null, not zero, otherwise);
+    // the same decisions either way; some refusal on this small fleet is
+    // fragmentation's.
+    assert!(rows
+        .iter()
+        .all(|r| r["result"]["refused_fragmented"].is_null()));
+    let split = json_of(
+        gpuslice()
+            .args([
+                "bench", "mig", "--gpus", "4", "--causes", "--json", "--pods",
+            ])
+            .arg(&pods),
+    );
+    assert_eq!(split.as_array().unwrap().len(), rows.len());
+    for (r, plain) in split.as_array().unwrap().iter().zip(rows) {
+        let (r, plain) = (&r["result"], &plain["result"]);
+        assert_eq!(r["accepted"], plain["accepted"], "{r}");
+        assert_eq!(r["served_slice_hours"], plain["served_slice_hours"], "{r}");
+        assert!(r["refused_slice_hours"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(
+        split
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["result"]["refused_fragmented"].as_u64().unwrap() > 0),
+        "some refusal on this fleet is fragmentation's: {split}"
+    );
     // An order of the ranking terms: first-fit and that order only; the
     // default's own order decides as the default does.
     let keyed = json_of(

@@ -194,6 +194,18 @@ pub struct MigResult {
     /// slices booked at the refused request's start: how full the fleet
     /// was when it said no, the limit no placement can pass.
     pub busy_pct_at_refusals: f64,
+    /// Compute slices × hours of the refused requests.
+    pub refused_slice_hours: f64,
+    /// Refused requests that the fleet could have held had its bookings
+    /// been placed otherwise: packing every booking present again, largest
+    /// first, with the request added ([`run_repack`]'s move) holds them
+    /// all. The refusals that were fragmentation's; the others were
+    /// capacity's, decided by which requests were taken before.
+    /// Counted only when asked for (`--causes`; None otherwise): it packs
+    /// the fleet again at each refusal.
+    pub refused_fragmented: Option<usize>,
+    /// Compute slices × hours of those requests.
+    pub refused_fragmented_slice_hours: Option<f64>,
     /// Scheduled bookings moved to let a request in (repacking runs only).
     pub moves: usize,
     /// The least notice a moved booking had before its start, seconds.
@@ -272,12 +284,20 @@ impl TrailingMix {
     }
 }
 
-/// Replays the stream on `gpus` H100-80GB under `policy`, keeping room
-/// for the profile mix of `mix`.
-pub fn run(requests: &[Request], gpus: usize, policy: MigPolicy, mix: MixSource) -> MigResult {
+/// What every replay of a stream shares: the fleet's size (H100-80GB) and
+/// whether refusals are split by cause ([`MigResult::refused_fragmented`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub gpus: usize,
+    pub causes: bool,
+}
+
+/// Replays the stream on the fleet under `policy`, keeping room for the
+/// profile mix of `mix`.
+pub fn run(requests: &[Request], setup: Setup, policy: MigPolicy, mix: MixSource) -> MigResult {
     replay(
         requests,
-        gpus,
+        setup,
         &policy.label(),
         mix,
         |fleet, booking, mix, _| place_on(fleet, booking, policy, mix).then_some(Vec::new()),
@@ -293,12 +313,12 @@ pub const MOVE_NOTICE_S: i64 = 600;
 /// slot (same window and profile) to let it in ([`place_with_moves`]).
 pub fn run_moving(
     requests: &[Request],
-    gpus: usize,
+    setup: Setup,
     policy: MigPolicy,
     mix: MixSource,
 ) -> MigResult {
     let name = format!("{} + moves", policy.label());
-    replay(requests, gpus, &name, mix, |fleet, booking, mix, now| {
+    replay(requests, setup, &name, mix, |fleet, booking, mix, now| {
         let p = fleet.first()?.model.profile_by_id(booking.profile_id)?;
         let profile = p.name.clone();
         let (g, placement, moves) = {
@@ -309,15 +329,13 @@ pub fn run_moving(
         };
         let mut notices = Vec::with_capacity(moves.len());
         // Apply: take the moved bookings out (highest index first per GPU),
-        // then put them and the new one in.
-        let mut taken: Vec<(usize, usize)> = moves.iter().map(|m| (m.from_gpu, m.index)).collect();
-        taken.sort_by(|a, b| b.cmp(a));
+        // then put them and the new one in. Nothing from here on refuses:
+        // a refusal leaves the fleet as it was (its cause is read from it).
+        let mut taken = moves;
+        taken.sort_by_key(|m| std::cmp::Reverse((m.from_gpu, m.index)));
         let mut moved: Vec<(Booked, Move)> = Vec::new();
-        for (gpu, index) in taken {
-            let b = fleet[gpu].bookings.remove(index);
-            let m = *moves
-                .iter()
-                .find(|m| m.from_gpu == gpu && m.index == index)?;
+        for m in taken {
+            let b = fleet[m.from_gpu].bookings.remove(m.index);
             notices.push(b.window.start - now);
             moved.push((b, m));
         }
@@ -339,42 +357,49 @@ pub fn run_moving(
 /// request does not fit where it is, every live instance may move (as if
 /// MIG instances could migrate) and the lot is packed again, largest
 /// first, each on the first GPU and placement NVIDIA allows. A request is
-/// refused only when that fails too.
-pub fn run_repack(requests: &[Request], gpus: usize) -> MigResult {
+/// refused only when that fails too (so, split by cause, every refusal of
+/// the reference is capacity's).
+pub fn run_repack(requests: &[Request], setup: Setup) -> MigResult {
     replay(
         requests,
-        gpus,
+        setup,
         "repack-reference",
         MixSource::Stream, // first-fit keeps room for no mix
         |fleet, booking, mix, _| {
             if place_on(fleet, booking, MigPolicy::FirstFit, mix) {
                 return Some(Vec::new());
             }
-            let mut all: Vec<Booked> = fleet.iter().flat_map(|g| g.bookings.clone()).collect();
-            all.push(booking);
-            let size = |b: &Booked| {
-                fleet[0]
-                    .model
-                    .profile_by_id(b.profile_id)
-                    .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
-            };
-            all.sort_by_key(|b| std::cmp::Reverse(size(b)));
-            let mut fresh: Vec<MigGpu> = fleet
-                .iter()
-                .map(|g| MigGpu {
-                    model: g.model,
-                    bookings: Vec::new(),
-                })
-                .collect();
-            let fits = all
-                .into_iter()
-                .all(|b| place_on(&mut fresh, b, MigPolicy::FirstFit, mix));
-            if fits {
-                *fleet = fresh;
-            }
-            fits.then_some(Vec::new())
+            *fleet = repacked(fleet, booking, mix)?;
+            Some(Vec::new())
         },
     )
+}
+
+/// The fleet packed again from scratch with `booking` added: every booking
+/// present (started or not), largest first, each on the first GPU and
+/// placement NVIDIA allows over its window; None when that does not hold
+/// them all. The repack reference's move, and the test of whether a
+/// refusal was fragmentation's.
+fn repacked(fleet: &[MigGpu], booking: Booked, mix: &ProfileMix) -> Option<Vec<MigGpu>> {
+    let model = fleet.first()?.model;
+    let mut all: Vec<Booked> = fleet.iter().flat_map(|g| g.bookings.clone()).collect();
+    all.push(booking);
+    let size = |b: &Booked| {
+        model
+            .profile_by_id(b.profile_id)
+            .map_or((0, 0), |p| (p.memory_slices, p.compute_slices))
+    };
+    all.sort_by_key(|b| std::cmp::Reverse(size(b)));
+    let mut fresh: Vec<MigGpu> = fleet
+        .iter()
+        .map(|g| MigGpu {
+            model: g.model,
+            bookings: Vec::new(),
+        })
+        .collect();
+    all.into_iter()
+        .all(|b| place_on(&mut fresh, b, MigPolicy::FirstFit, mix))
+        .then_some(fresh)
 }
 
 /// Places `booking` (its profile and window; the placement is chosen) on
@@ -405,7 +430,7 @@ fn place_on(fleet: &mut [MigGpu], booking: Booked, policy: MigPolicy, mix: &Prof
 /// at each refusal are counted.
 fn replay(
     requests: &[Request],
-    gpus: usize,
+    Setup { gpus, causes }: Setup,
     name: &str,
     mix_source: MixSource,
     mut decide: impl FnMut(&mut Vec<MigGpu>, Booked, &ProfileMix, i64) -> Option<Vec<i64>>,
@@ -434,9 +459,17 @@ fn replay(
     let mut stranded_sum = 0.0;
     let mut busy_sum = 0.0;
     let mut refused = 0usize;
+    let mut refused_sh = 0.0;
+    let mut refused_fragmented = 0usize;
+    let mut refused_fragmented_sh = 0.0;
     let mut moves = 0usize;
     let mut least_notice: Option<i64> = None;
-    let fleet_compute = f64::from(model.compute_slices) * gpus as f64;
+    let n = u32::try_from(gpus).unwrap_or(u32::MAX);
+    let fleet_slices = (
+        u32::from(model.compute_slices).saturating_mul(n),
+        u32::from(model.memory_slices).saturating_mul(n),
+    );
+    let fleet_compute = f64::from(fleet_slices.0);
     for (k, r) in requests.iter().enumerate() {
         for g in fleet.iter_mut() {
             g.bookings.retain(|b| b.window.end > r.booked);
@@ -470,14 +503,29 @@ fn replay(
                 least_notice = notices.into_iter().chain(least_notice).min();
             } else {
                 refused += 1;
-                let busy: u32 = fleet
+                refused_sh += slice_hours(p.compute_slices, window.len());
+                // Compute and memory slices booked at the request's start:
+                // how full the fleet was, and whether packing again can help.
+                let (busy, busy_memory) = fleet
                     .iter()
                     .flat_map(|g| &g.bookings)
                     .filter(|b| b.window.start <= r.arrive && r.arrive < b.window.end)
                     .filter_map(|b| model.profile_by_id(b.profile_id))
-                    .map(|p| u32::from(p.compute_slices))
-                    .sum();
+                    .fold((0u32, 0u32), |(c, m), p| {
+                        (
+                            c + u32::from(p.compute_slices),
+                            m + u32::from(p.memory_slices),
+                        )
+                    });
                 busy_sum += f64::from(busy) / fleet_compute;
+                // Packing again cannot help where the slices at the start
+                // alone are too few (most refusals under load): skip it.
+                let room = busy + u32::from(p.compute_slices) <= fleet_slices.0
+                    && busy_memory + u32::from(p.memory_slices) <= fleet_slices.1;
+                if causes && room && repacked(&fleet, booking, mix).is_some() {
+                    refused_fragmented += 1;
+                    refused_fragmented_sh += slice_hours(p.compute_slices, window.len());
+                }
             }
         }
         // Sample stranding every 50 arrivals (it costs a pass over the fleet).
@@ -522,6 +570,9 @@ fn replay(
         } else {
             100.0 * busy_sum / refused as f64
         },
+        refused_slice_hours: refused_sh,
+        refused_fragmented: causes.then_some(refused_fragmented),
+        refused_fragmented_slice_hours: causes.then_some(refused_fragmented_sh),
         moves,
         least_notice_s: least_notice,
     }
@@ -530,6 +581,10 @@ fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn on(gpus: usize, causes: bool) -> Setup {
+        Setup { gpus, causes }
+    }
 
     fn request(arrive: i64, hours: i64, profile: &'static str) -> Request {
         Request {
@@ -546,11 +601,56 @@ mod tests {
         // arrivals span one hour, in which only the 7g runs: 7 of the
         // fleet's 14 compute slice-hours.
         let stream = [request(0, 2, "7g.80gb"), request(3600, 10, "1g.10gb")];
-        let r = run(&stream, 2, MigPolicy::FirstFit, MixSource::Recent);
+        let r = run(
+            &stream,
+            on(2, false),
+            MigPolicy::FirstFit,
+            MixSource::Recent,
+        );
         assert_eq!(r.accepted, 2);
         assert!((r.served_slice_hours - 24.0).abs() < 1e-9, "{r:?}");
         assert!((r.served_in_window_slice_hours - 7.0).abs() < 1e-9, "{r:?}");
         assert!((r.window_busy_pct - 50.0).abs() < 1e-9, "{r:?}");
+    }
+
+    #[test]
+    fn refusals_are_split_into_fragmentation_and_capacity() {
+        // Two H100s, everything from 0 for 10 h. First-fit puts the 1g at
+        // slot 0 of GPU 0, so the first 4g (slot 0 only) goes to GPU 1 and
+        // the 3g to slot 4 of GPU 0; the second 4g then finds no slot 0
+        // free, though packed again (4g, 4g, 3g, 1g) the four fit: a
+        // refusal of fragmentation, 40 slice-hours. The 7g fits no way
+        // (15 compute slices of 14): capacity's, not counted.
+        let at_once = |profiles: &[&'static str]| -> Vec<Request> {
+            profiles.iter().map(|p| request(0, 10, p)).collect()
+        };
+        let stream = at_once(&["1g.10gb", "4g.40gb", "3g.40gb", "4g.40gb", "7g.80gb"]);
+        let r = run(&stream, on(2, true), MigPolicy::FirstFit, MixSource::Recent);
+        assert_eq!((r.accepted, r.refused_fragmented), (3, Some(1)), "{r:?}");
+        assert_eq!(r.refused_fragmented_slice_hours, Some(40.0), "{r:?}");
+        assert!((r.refused_slice_hours - 110.0).abs() < 1e-9, "{r:?}");
+        // The repack reference takes the second 4g and, by its own
+        // definition, never refuses what packing again would hold.
+        let r = run_repack(&stream, on(2, true));
+        assert_eq!((r.accepted, r.refused_fragmented), (4, Some(0)), "{r:?}");
+        assert_eq!(r.refused_fragmented_slice_hours, Some(0.0));
+        // Three 4g on two GPUs: 12 of 14 compute slices, room by the sums,
+        // but a 4g fits only at slot 0, once per GPU: capacity's.
+        let three = at_once(&["4g.40gb"; 3]);
+        let r = run(&three, on(2, true), MigPolicy::FirstFit, MixSource::Recent);
+        assert_eq!((r.accepted, r.refused_fragmented), (2, Some(0)), "{r:?}");
+        assert_eq!(r.refused_slice_hours, 40.0, "{r:?}");
+        // Not asked for, not counted (and not reported as zero).
+        let r = run(
+            &stream,
+            on(2, false),
+            MigPolicy::FirstFit,
+            MixSource::Recent,
+        );
+        assert_eq!(
+            (r.refused_fragmented, r.refused_fragmented_slice_hours),
+            (None, None)
+        );
     }
 
     #[test]
@@ -593,11 +693,23 @@ mod tests {
             request(120, 2, "3g.40gb"),
         ];
         assert_eq!(
-            run(&stream, 1, MigPolicy::Gpuslice, MixSource::Recent).accepted,
+            run(
+                &stream,
+                on(1, false),
+                MigPolicy::Gpuslice,
+                MixSource::Recent
+            )
+            .accepted,
             2
         );
         assert_eq!(
-            run(&stream, 1, MigPolicy::Gpuslice, MixSource::Stream).accepted,
+            run(
+                &stream,
+                on(1, false),
+                MigPolicy::Gpuslice,
+                MixSource::Stream
+            )
+            .accepted,
             3
         );
     }

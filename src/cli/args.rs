@@ -504,6 +504,12 @@ pub struct MigBench {
     /// the default policy's order.
     #[arg(long, value_name = "ORDER")]
     pub key: Option<String>,
+    /// Splits each policy's refusals into fragmentation's (packing every
+    /// booking present again, largest first, would have held the request
+    /// too) and capacity's; packs the fleet again at each refusal, about
+    /// 3–4 times the run's time.
+    #[arg(long)]
+    pub causes: bool,
     #[arg(long, default_value = "42")]
     pub seeds: String,
     #[arg(long)]

@@ -105,6 +105,7 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         jitter_s,
         mix,
         ref key,
+        causes,
         ref seeds,
         json,
     } = args;
@@ -142,6 +143,7 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
             .chain((advance > 0.0).then_some((Some(MigPolicy::Gpuslice), true)))
             .collect(),
     };
+    let setup = mig::Setup { gpus, causes };
     let mut all = Vec::new();
     for seed in parse_seeds(seeds).map_err(|e| anyhow!(e))? {
         let stream = mig::stream(pods, seed, speedup, advance / 100.0, resample, jitter_s)
@@ -150,14 +152,14 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         for &(p, moving) in &runs {
             let started = std::time::Instant::now();
             let r = match p {
-                Some(p) if moving => mig::run_moving(&stream, gpus, p, mix),
-                Some(p) => mig::run(&stream, gpus, p, mix),
-                None => mig::run_repack(&stream, gpus),
+                Some(p) if moving => mig::run_moving(&stream, setup, p, mix),
+                Some(p) => mig::run(&stream, setup, p, mix),
+                None => mig::run_repack(&stream, setup),
             };
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
                 println!(
-                    "seed {seed} {:<22} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours ({:9.0} before the last arrival, fleet {:4.1} % busy), stranded slices {:7.1}, fleet busy at refusals {:5.1} %, moves {}{}, {:.1} s",
+                    "seed {seed} {:<22} accepted {:>6} of {} ({:5.2} %, {:+5.1} % vs first-fit), served {:9.0} slice-hours ({:9.0} before the last arrival, fleet {:4.1} % busy), stranded slices {:7.1}, fleet busy at refusals {:5.1} %{}, moves {}{}, {:.1} s",
                     r.policy,
                     r.accepted,
                     r.requests,
@@ -168,6 +170,12 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
                     r.window_busy_pct,
                     r.mean_stranded_slices,
                     r.busy_pct_at_refusals,
+                    r.refused_fragmented
+                        .zip(r.refused_fragmented_slice_hours)
+                        .map(|(n, sh)| format!(
+                            ", refused for fragmentation {n} ({sh:.0} slice-hours)"
+                        ))
+                        .unwrap_or_default(),
                     r.moves,
                     r.least_notice_s
                         .map(|s| format!(" (least notice {} min)", s / 60))
