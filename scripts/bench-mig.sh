@@ -48,12 +48,12 @@ print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for (pods, speedup), by_seed in cells.items():
     for pol in ("first-fit", "gpuslice"):
         rs = list(by_seed[pol].values())
+        m = lambda key: mean([r[key] for r in rs])
         refused = mean([r["requests"] - r["accepted"] for r in rs])
-        frag = mean([r["refused_fragmented"] for r in rs])
-        served = mean([r["served_slice_hours"] for r in rs])
+        frag, frag_sh = m("refused_fragmented"), m("refused_fragmented_slice_hours")
         print("| %s | %d | %s | %s | %s (%.0f %%) | %s | %s | %s |" % (pods, speedup, pol, format(round(refused), ","),
-              format(round(frag), ","), 100 * frag / max(refused, 1), format(round(mean([r["refused_fragmented_slice_hours"] for r in rs])), ","),
-              format(round(mean([r["refused_slice_hours"] for r in rs]) - mean([r["refused_fragmented_slice_hours"] for r in rs])), ","),
+              format(round(frag), ","), 100 * frag / max(refused, 1), format(round(frag_sh), ","),
+              format(round(m("refused_slice_hours") - frag_sh), ","),
               vs_first_fit(by_seed, pol, "served_slice_hours")[0]), flush=True)
 print()
 print("Bookings ahead (%s %% of requests booked 1–72 h before their start), default policy" % advance)
