@@ -7,7 +7,7 @@ import math
 import subprocess
 
 
-def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="recent", resample=False, jitter_s=0, key=None, causes=False):
+def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="recent", resample=False, jitter_s=0, key=None, causes=False, admit=None):
     """{policy: {seed: result}} for one pod list, fleet size and load;
     `seeds` as `bench mig --seeds` takes it (42 or 42..51), `mix` as
     `bench mig --mix` (recent or stream); `resample` replays a bootstrap
@@ -15,14 +15,17 @@ def run(bin, traces, pods, gpus, speedup, seeds, advance=0, mix="recent", resamp
     arrival up to that many seconds later (`bench mig --jitter-s`); `key`
     replays first-fit and that order of ranking terms only (`bench mig
     --key`, named "key ORDER"); `causes` splits refusals by cause
-    (`bench mig --causes`)."""
+    (`bench mig --causes`); `admit` replays first-fit and the default
+    behind that admission rule only (`bench mig --admit`, named
+    "gpuslice admit RULE")."""
     out = json.loads(subprocess.check_output([bin, "bench", "mig", "--pods",
         "%s/openb_pod_list_%s.csv" % (traces, pods), "--gpus", str(gpus),
         "--speedup", str(speedup), "--advance", str(advance), "--mix", mix, "--seeds", str(seeds), "--json"]
         + (["--resample"] if resample else [])
         + (["--jitter-s", str(jitter_s)] if jitter_s else [])
         + (["--key", key] if key else [])
-        + (["--causes"] if causes else [])))
+        + (["--causes"] if causes else [])
+        + (["--admit", admit] if admit else [])))
     by = {}
     for r in out:
         by.setdefault(r["result"]["policy"], {})[r["seed"]] = r["result"]

@@ -270,6 +270,32 @@ fn latency_and_mig_benchmarks_run_small() {
         &pods,
         "leave out --advance",
     );
+    // An admission rule: first-fit (as without it) and the default behind
+    // the rule, and nothing else.
+    let admitted = json_of(
+        gpuslice()
+            .args([
+                "bench", "mig", "--gpus", "4", "--admit", "1,0.5", "--json", "--pods",
+            ])
+            .arg(&pods),
+    );
+    let admitted = admitted.as_array().unwrap();
+    let policies: Vec<&str> = admitted
+        .iter()
+        .map(|r| r["result"]["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["first-fit", "gpuslice admit 1,0.5"]);
+    assert_eq!(admitted[0]["result"], rows[0]["result"]);
+    refused(
+        &["--admit", "1"],
+        &pods,
+        "--admit: \"1\" is not KEEP,QUANTILE",
+    );
+    refused(
+        &["--admit", "1,0.5", "--key", "ext"],
+        &pods,
+        "leave out --key and --advance",
+    );
     // Half the requests booked ahead: a fifth run moves
     // bookings ahead, never one within ten minutes of its start.
     let ahead = json_of(

@@ -375,6 +375,135 @@ pub fn run_repack(requests: &[Request], setup: Setup) -> MigResult {
     )
 }
 
+/// An admission rule, to measure what refusing requests that fit would
+/// buy (`bench mig --admit`); gpuslice does not book with it. A request
+/// that fits is refused anyway when, placed, it would leave fewer than
+/// `keep_whole` GPUs with nothing booked over its window and it is
+/// shorter than the `quantile` of the durations of the requests made in
+/// the last [`MIX_WINDOW_S`] (none is refused before there are 20): the
+/// room kept for a longer request that may come. It judges whole-GPU
+/// requests only, or every profile with `every_profile`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admission {
+    pub keep_whole: usize,
+    pub quantile: f64,
+    pub every_profile: bool,
+}
+
+impl Admission {
+    /// From `KEEP,QUANTILE` or `KEEP,QUANTILE,all` (as `--admit` takes it).
+    pub fn parse(s: &str) -> Result<Admission, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let every_profile = match parts.get(2) {
+            None => false,
+            Some(&"all") if parts.len() == 3 => true,
+            Some(_) => {
+                return Err(format!(
+                    "{s:?} is not KEEP,QUANTILE or KEEP,QUANTILE,all (for example 1,0.5)"
+                ))
+            }
+        };
+        let (Some(keep), Some(quantile)) = (parts.first(), parts.get(1)) else {
+            return Err(format!(
+                "{s:?} is not KEEP,QUANTILE or KEEP,QUANTILE,all (for example 1,0.5)"
+            ));
+        };
+        let keep_whole = keep
+            .parse::<usize>()
+            .ok()
+            .filter(|&k| k >= 1)
+            .ok_or_else(|| {
+                format!("the GPUs to keep whole must be a whole number of at least 1, not {keep:?}")
+            })?;
+        let quantile = quantile
+            .parse::<f64>()
+            .ok()
+            .filter(|q| (0.0..=1.0).contains(q))
+            .ok_or_else(|| {
+                format!("the quantile must be a number from 0 to 1, not {quantile:?}")
+            })?;
+        Ok(Admission {
+            keep_whole,
+            quantile,
+            every_profile,
+        })
+    }
+
+    /// Its name in results: "admit 1,0.5" or "admit 1,0.5,all".
+    pub fn label(&self) -> String {
+        let all = if self.every_profile { ",all" } else { "" };
+        format!("admit {},{}{all}", self.keep_whole, self.quantile)
+    }
+}
+
+/// The durations of the requests made in the last [`MIX_WINDOW_S`], kept
+/// sorted.
+#[derive(Default)]
+struct TrailingDurations {
+    made: std::collections::VecDeque<(i64, i64)>,
+    sorted: Vec<i64>,
+}
+
+impl TrailingDurations {
+    fn push(&mut self, at: i64, secs: i64) {
+        self.made.push_back((at, secs));
+        let i = self.sorted.partition_point(|&d| d < secs);
+        self.sorted.insert(i, secs);
+    }
+
+    /// The `q` quantile (nearest rank below) of the durations of the
+    /// requests made after `now - MIX_WINDOW_S`; None while fewer than 20.
+    fn quantile(&mut self, now: i64, q: f64) -> Option<i64> {
+        while let Some(&(at, secs)) = self.made.front() {
+            if at > now - MIX_WINDOW_S {
+                break;
+            }
+            self.made.pop_front();
+            let i = self.sorted.partition_point(|&d| d < secs);
+            self.sorted.remove(i);
+        }
+        let n = self.sorted.len();
+        (n >= 20).then(|| self.sorted[((n - 1) as f64 * q) as usize])
+    }
+}
+
+/// `policy` with an [`Admission`] rule in front of it: a request that fits
+/// is placed as `policy` places it unless the rule refuses it.
+pub fn run_admitting(
+    requests: &[Request],
+    setup: Setup,
+    policy: MigPolicy,
+    mix: MixSource,
+    admission: Admission,
+) -> MigResult {
+    let name = format!("{} {}", policy.label(), admission.label());
+    let mut made = TrailingDurations::default();
+    replay(requests, setup, &name, mix, |fleet, booking, mix, now| {
+        let secs = booking.window.len();
+        let threshold = made.quantile(now, admission.quantile);
+        made.push(now, secs);
+        let model = fleet.first()?.model;
+        let p = model.profile_by_id(booking.profile_id)?;
+        let (g, placement) = place(fleet, &p.name, None, booking.window, policy, mix).ok()?;
+        let whole = |gpu: &MigGpu| {
+            !gpu.bookings
+                .iter()
+                .any(|b| b.window.overlaps(booking.window))
+        };
+        let whole_after =
+            fleet.iter().filter(|gpu| whole(gpu)).count() - usize::from(whole(&fleet[g]));
+        let judged = admission.every_profile || p.compute_slices == model.compute_slices;
+        if judged && whole_after < admission.keep_whole && threshold.is_some_and(|t| secs < t) {
+            return None;
+        }
+        fleet[g].bookings.push(Booked {
+            placement,
+            ..booking
+        });
+        Some(Vec::new())
+    })
+}
+
 /// The fleet packed again from scratch with `booking` added: every booking
 /// present (started or not), largest first, each on the first GPU and
 /// placement NVIDIA allows over its window; None when that does not hold
@@ -651,6 +780,77 @@ mod tests {
             (r.refused_fragmented, r.refused_fragmented_slice_hours),
             (None, None)
         );
+    }
+
+    #[test]
+    fn an_admission_rule_refuses_short_requests_that_would_take_the_last_whole_gpus() {
+        // Two H100s. A short 7g before there are 20 durations to go by;
+        // twenty 1g of 10 h one after another (the median duration is then
+        // 10 h); then, at once, a 7g of 1 h, a 7g of 20 h and a 1g of 1 h.
+        let h = 3600;
+        let mut stream = vec![request(0, 1, "7g.80gb")];
+        stream.extend((1..=20).map(|i| request(i * 11 * h, 10, "1g.10gb")));
+        let t = 21 * 11 * h;
+        stream.extend([
+            request(t, 1, "7g.80gb"),
+            request(t + 1, 20, "7g.80gb"),
+            request(t + 2, 1, "1g.10gb"),
+        ]);
+        let admitting = |rule: &str| {
+            let a = Admission::parse(rule).unwrap();
+            run_admitting(
+                &stream,
+                on(2, false),
+                MigPolicy::Gpuslice,
+                MixSource::Recent,
+                a,
+            )
+        };
+        // Keep two GPUs whole: the short 7g would leave one, so it is
+        // refused (7 slice-hours); the long one is not short, and the 1g is
+        // not a whole-GPU request.
+        let r = admitting("2,0.5");
+        assert_eq!((r.accepted, r.refused_slice_hours), (23, 7.0), "{r:?}");
+        assert_eq!(r.policy, "gpuslice admit 2,0.5");
+        // Judging every profile: the short 1g would take the last free GPU
+        // too; the first 1g of all came before 20 durations, so did the
+        // first 7g, and the twentieth is not shorter than the median.
+        let r = admitting("2,0.5,all");
+        assert_eq!((r.accepted, r.refused_slice_hours), (22, 8.0), "{r:?}");
+        // Keep one: the short 7g leaves one whole GPU and is placed; the
+        // 1g then finds no room at all (1 slice-hour, capacity's).
+        let r = admitting("1,0.5");
+        assert_eq!((r.accepted, r.refused_slice_hours), (23, 1.0), "{r:?}");
+        // Without a rule the default places as the short 7g's case above.
+        let plain = run(
+            &stream,
+            on(2, false),
+            MigPolicy::Gpuslice,
+            MixSource::Recent,
+        );
+        assert_eq!((plain.accepted, plain.refused_slice_hours), (23, 1.0));
+    }
+
+    #[test]
+    fn an_admission_rule_is_keep_and_quantile_with_every_profile_optional() {
+        let a = Admission::parse("2, 0.75,all").unwrap();
+        assert_eq!(
+            (a.keep_whole, a.quantile, a.every_profile, a.label()),
+            (2, 0.75, true, "admit 2,0.75,all".to_string())
+        );
+        assert_eq!(Admission::parse("1,0.5").unwrap().label(), "admit 1,0.5");
+        for (bad, says) in [
+            ("0,0.5", "at least 1"),
+            ("x,0.5", "at least 1"),
+            ("1,1.5", "from 0 to 1"),
+            ("1,NaN", "from 0 to 1"),
+            ("1", "KEEP,QUANTILE"),
+            ("1,0.5,some", "KEEP,QUANTILE"),
+            ("1,0.5,all,all", "KEEP,QUANTILE"),
+        ] {
+            let e = Admission::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -106,6 +106,7 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         mix,
         ref key,
         causes,
+        ref admit,
         ref seeds,
         json,
     } = args;
@@ -119,6 +120,14 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
     if order.is_some() && advance > 0.0 {
         bail!("--key replays first-fit and the order only, without bookings ahead: leave out --advance");
     }
+    let admission = admit
+        .as_deref()
+        .map(mig::Admission::parse)
+        .transpose()
+        .map_err(|e| anyhow!("--admit: {e}"))?;
+    if admission.is_some() && (order.is_some() || advance > 0.0) {
+        bail!("--admit replays first-fit and the default policy behind the rule only: leave out --key and --advance");
+    }
     if gpus == 0 {
         bail!("--gpus: the fleet needs at least one GPU");
     }
@@ -128,19 +137,30 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
     if !(0.0..=100.0).contains(&advance) {
         bail!("--advance is a percentage of requests booked ahead, 0 to 100");
     }
-    // Each policy; the repack reference (None); with bookings ahead, the
-    // default policy moving scheduled bookings to let requests in. With
-    // --key: first-fit and that order only.
-    let runs: Vec<(Option<MigPolicy>, bool)> = match order {
-        Some(o) => vec![
-            (Some(MigPolicy::FirstFit), false),
-            (Some(MigPolicy::Ordered(o)), false),
+    // Each policy; the repack reference; with bookings ahead, the default
+    // policy moving scheduled bookings to let requests in. With --key:
+    // first-fit and that order only; with --admit, first-fit and the
+    // default behind the rule.
+    enum Replay {
+        Plain(MigPolicy),
+        Moving(MigPolicy),
+        Repack,
+        Admitting(MigPolicy, mig::Admission),
+    }
+    let runs: Vec<Replay> = match (order, admission) {
+        (Some(o), _) => vec![
+            Replay::Plain(MigPolicy::FirstFit),
+            Replay::Plain(MigPolicy::Ordered(o)),
         ],
-        None => MigPolicy::ALL
+        (None, Some(a)) => vec![
+            Replay::Plain(MigPolicy::FirstFit),
+            Replay::Admitting(MigPolicy::Gpuslice, a),
+        ],
+        (None, None) => MigPolicy::ALL
             .into_iter()
-            .map(|p| (Some(p), false))
-            .chain([(None, false)])
-            .chain((advance > 0.0).then_some((Some(MigPolicy::Gpuslice), true)))
+            .map(Replay::Plain)
+            .chain([Replay::Repack])
+            .chain((advance > 0.0).then_some(Replay::Moving(MigPolicy::Gpuslice)))
             .collect(),
     };
     let setup = mig::Setup { gpus, causes };
@@ -149,12 +169,13 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         let stream = mig::stream(pods, seed, speedup, advance / 100.0, resample, jitter_s)
             .map_err(|e| anyhow!(e))?;
         let mut base = None;
-        for &(p, moving) in &runs {
+        for run in &runs {
             let started = std::time::Instant::now();
-            let r = match p {
-                Some(p) if moving => mig::run_moving(&stream, setup, p, mix),
-                Some(p) => mig::run(&stream, setup, p, mix),
-                None => mig::run_repack(&stream, setup),
+            let r = match *run {
+                Replay::Plain(p) => mig::run(&stream, setup, p, mix),
+                Replay::Moving(p) => mig::run_moving(&stream, setup, p, mix),
+                Replay::Repack => mig::run_repack(&stream, setup),
+                Replay::Admitting(p, a) => mig::run_admitting(&stream, setup, p, mix, a),
             };
             let base_acc = *base.get_or_insert(r.accepted);
             if !json {
