@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What refusing requests that fit would buy: the default policy behind an
 # admission rule (`bench mig --admit KEEP,QUANTILE[,all]`: a request is
-# refused when placing it would leave fewer than KEEP GPUs free over its
-# window and it is shorter than the QUANTILE of the last 30 days' request
-# durations; whole-GPU requests only, or every profile with ",all"),
+# refused when its placement takes a GPU free over its window, leaving fewer
+# than KEEP such GPUs, and it is shorter than the QUANTILE of the last 30
+# days' request durations; whole-GPU requests only, or every profile with
+# ",all"),
 # against first-fit by served slice-hours at 1/2/4/8/16x arrival speed, on
 # the two pod lists with arrival times (default, gpushare100). The first
 # row is the default policy as it ships, with no rule. Prints one row per
@@ -30,11 +31,11 @@ head = ["%s %d×" % (p, s) for p in ("default", "gpushare100") for s in loads]
 print("| rule | %s | cells ≥ first-fit | lowest | accepted vs first-fit |" % " | ".join(head))
 print("| --- |%s --- | --- | --- |" % (" --- |" * len(head)))
 for rule in rules:
-    name = "gpuslice admit " + rule if rule else "gpuslice"
     gains, accepted = [], []
     for pods in ("default", "gpushare100"):
         for s in loads:
             by = mig_bench.run(bin, traces, pods, int(gpus), s, seeds, admit=rule)
+            name = "gpuslice" if rule is None else next(p for p in by if p != "first-fit")
             gains.append(mig_bench.gain(by, name, "first-fit")[0])
             accepted.append(mig_bench.gain(by, name, "first-fit", key="accepted")[0])
     at = sum(1 for d in gains if d >= -0.005)

@@ -291,11 +291,15 @@ fn latency_and_mig_benchmarks_run_small() {
         &pods,
         "--admit: \"1\" is not KEEP,QUANTILE",
     );
-    refused(
-        &["--admit", "1,0.5", "--key", "ext"],
-        &pods,
-        "leave out --key and --advance",
-    );
+    for other in [
+        ["--key", "ext"],
+        ["--advance", "10"],
+        ["--causes", "--json"],
+    ] {
+        let mut args = vec!["--admit", "1,0.5"];
+        args.extend(other);
+        refused(&args, &pods, "leave out --key, --advance and --causes");
+    }
     // Half the requests booked ahead: a fifth run moves
     // bookings ahead, never one within ten minutes of its start.
     let ahead = json_of(

@@ -377,12 +377,14 @@ pub fn run_repack(requests: &[Request], setup: Setup) -> MigResult {
 
 /// An admission rule, to measure what refusing requests that fit would
 /// buy (`bench mig --admit`); gpuslice does not book with it. A request
-/// that fits is refused anyway when, placed, it would leave fewer than
-/// `keep_whole` GPUs with nothing booked over its window and it is
-/// shorter than the `quantile` of the durations of the requests made in
-/// the last [`MIX_WINDOW_S`] (none is refused before there are 20): the
-/// room kept for a longer request that may come. It judges whole-GPU
-/// requests only, or every profile with `every_profile`.
+/// that fits is refused anyway when its placement takes a GPU with
+/// nothing booked over its window, leaving fewer than `keep_whole` such
+/// GPUs, and it is shorter than the `quantile` of the durations of the
+/// requests made in the last [`MIX_WINDOW_S`] (none is refused before
+/// there are 20): the room kept for a longer request that may come. It
+/// judges whole-GPU requests only, or every profile with
+/// `every_profile` (a request placed beside others takes no free GPU
+/// and is never refused).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Admission {
     pub keep_whole: usize,
@@ -394,26 +396,21 @@ impl Admission {
     /// From `KEEP,QUANTILE` or `KEEP,QUANTILE,all` (as `--admit` takes it).
     pub fn parse(s: &str) -> Result<Admission, String> {
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-        let every_profile = match parts.get(2) {
-            None => false,
-            Some(&"all") if parts.len() == 3 => true,
-            Some(_) => {
+        let (keep, quantile, every_profile) = match parts.as_slice() {
+            [k, q] => (*k, *q, false),
+            [k, q, "all"] => (*k, *q, true),
+            _ => {
                 return Err(format!(
                     "{s:?} is not KEEP,QUANTILE or KEEP,QUANTILE,all (for example 1,0.5)"
                 ))
             }
-        };
-        let (Some(keep), Some(quantile)) = (parts.first(), parts.get(1)) else {
-            return Err(format!(
-                "{s:?} is not KEEP,QUANTILE or KEEP,QUANTILE,all (for example 1,0.5)"
-            ));
         };
         let keep_whole = keep
             .parse::<usize>()
             .ok()
             .filter(|&k| k >= 1)
             .ok_or_else(|| {
-                format!("the GPUs to keep whole must be a whole number of at least 1, not {keep:?}")
+                format!("the GPUs to keep free must be a whole number of at least 1, not {keep:?}")
             })?;
         let quantile = quantile
             .parse::<f64>()
@@ -490,11 +487,13 @@ pub fn run_admitting(
                 .iter()
                 .any(|b| b.window.overlaps(booking.window))
         };
-        let whole_after =
-            fleet.iter().filter(|gpu| whole(gpu)).count() - usize::from(whole(&fleet[g]));
         let judged = admission.every_profile || p.compute_slices == model.compute_slices;
-        if judged && whole_after < admission.keep_whole && threshold.is_some_and(|t| secs < t) {
-            return None;
+        // Only a placement on a free GPU uses up the room the rule keeps.
+        if judged && whole(&fleet[g]) && threshold.is_some_and(|t| secs < t) {
+            let free_after = fleet.iter().filter(|gpu| whole(gpu)).count() - 1;
+            if free_after < admission.keep_whole {
+                return None;
+            }
         }
         fleet[g].bookings.push(Booked {
             placement,
@@ -812,16 +811,17 @@ mod tests {
         let r = admitting("2,0.5");
         assert_eq!((r.accepted, r.refused_slice_hours), (23, 7.0), "{r:?}");
         assert_eq!(r.policy, "gpuslice admit 2,0.5");
-        // Judging every profile: the short 1g would take the last free GPU
-        // too; the first 1g of all came before 20 durations, so did the
-        // first 7g, and the twentieth is not shorter than the median.
+        // Judging every profile: the last short 1g would take the last free
+        // GPU too and is refused; the 1g of 10 h before it were placed (the
+        // first nineteen had fewer than 20 durations before them, and the
+        // twentieth is not shorter than their median).
         let r = admitting("2,0.5,all");
         assert_eq!((r.accepted, r.refused_slice_hours), (22, 8.0), "{r:?}");
         // Keep one: the short 7g leaves one whole GPU and is placed; the
         // 1g then finds no room at all (1 slice-hour, capacity's).
         let r = admitting("1,0.5");
         assert_eq!((r.accepted, r.refused_slice_hours), (23, 1.0), "{r:?}");
-        // Without a rule the default places as the short 7g's case above.
+        // Without a rule the default serves what it serves keeping one.
         let plain = run(
             &stream,
             on(2, false),
@@ -829,6 +829,63 @@ mod tests {
             MixSource::Recent,
         );
         assert_eq!((plain.accepted, plain.refused_slice_hours), (23, 1.0));
+
+        // One GPU, keep it free: nineteen 1g of 10 h one after another,
+        // then two 7g of 1 h. The first has only nineteen durations before
+        // it (its own is not one of them) and is placed; the second has
+        // twenty, is shorter than their median and is refused.
+        let mut stream: Vec<Request> = (0..19)
+            .map(|i| request(i * 11 * h, 10, "1g.10gb"))
+            .collect();
+        stream.extend([
+            request(19 * 11 * h, 1, "7g.80gb"),
+            request(20 * 11 * h, 1, "7g.80gb"),
+        ]);
+        let r = run_admitting(
+            &stream,
+            on(1, false),
+            MigPolicy::Gpuslice,
+            MixSource::Recent,
+            Admission::parse("1,0.5").unwrap(),
+        );
+        assert_eq!((r.accepted, r.refused_slice_hours), (20, 7.0), "{r:?}");
+        // A 1g beside a booking takes no free GPU: never judged, even with
+        // ",all" (a 1g of 1 h beside a 1g of 10 h, the only GPU not free).
+        let mut stream: Vec<Request> = (0..20)
+            .map(|i| request(i * 11 * h, 10, "1g.10gb"))
+            .collect();
+        stream.push(request(19 * 11 * h + 1, 1, "1g.10gb"));
+        let r = run_admitting(
+            &stream,
+            on(1, false),
+            MigPolicy::Gpuslice,
+            MixSource::Recent,
+            Admission::parse("1,0.5,all").unwrap(),
+        );
+        assert_eq!(r.accepted, 21, "{r:?}");
+    }
+
+    #[test]
+    fn trailing_durations_are_the_last_30_days_and_none_before_20() {
+        let mut d = TrailingDurations::default();
+        for i in 0..19 {
+            d.push(i, 100);
+        }
+        assert_eq!(d.quantile(19, 0.5), None, "nineteen durations");
+        d.push(19, 100);
+        d.push(20, 5);
+        d.push(21, 5);
+        // [5, 5, 100 × 20]: nearest rank below.
+        assert_eq!(d.quantile(21, 0.0), Some(5));
+        assert_eq!(d.quantile(21, 0.05), Some(5));
+        assert_eq!(d.quantile(21, 0.1), Some(100));
+        assert_eq!(d.quantile(21, 1.0), Some(100));
+        // A request made exactly 30 days ago is out (as the booking path's
+        // `created_at > now() - 30 days`): at 30 days and 1 s the first two
+        // are gone (20 left), at 30 days and 2 s the third too (19 left).
+        assert_eq!(d.quantile(MIX_WINDOW_S + 1, 0.0), Some(5));
+        assert_eq!(d.quantile(MIX_WINDOW_S + 2, 0.0), None);
+        assert_eq!(d.sorted, [vec![5; 2], vec![100; 17]].concat());
     }
 
     #[test]

@@ -511,12 +511,15 @@ pub struct MigBench {
     #[arg(long)]
     pub causes: bool,
     /// Replays first-fit and the default policy behind an admission rule,
-    /// and nothing else (named "gpuslice admit KEEP,QUANTILE" in results):
-    /// a request that fits is refused when it would leave fewer than KEEP
-    /// GPUs free over its window and is shorter than the QUANTILE (0 to 1)
-    /// of the durations of the last 30 days' requests. Whole-GPU requests
-    /// only, or every profile with ",all". To measure what refusing
-    /// requests that fit buys; gpuslice does not book with it.
+    /// and nothing else (named "gpuslice admit KEEP,QUANTILE[,all]" in
+    /// results; not with --key, --advance or --causes): a request that
+    /// fits is refused when its placement takes a GPU free over its
+    /// window, leaving fewer than KEEP such GPUs, and it is shorter than
+    /// the QUANTILE (0 to 1) of the durations of the requests made in the
+    /// last 30 days of replay time (none refused before there are 20).
+    /// Whole-GPU requests only, or every profile with ",all". To measure
+    /// what refusing requests that fit buys; gpuslice does not book with
+    /// it.
     #[arg(long, value_name = "KEEP,QUANTILE[,all]")]
     pub admit: Option<String>,
     #[arg(long, default_value = "42")]

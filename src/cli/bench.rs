@@ -125,8 +125,8 @@ fn bench_mig(args: &super::args::MigBench) -> Result<()> {
         .map(mig::Admission::parse)
         .transpose()
         .map_err(|e| anyhow!("--admit: {e}"))?;
-    if admission.is_some() && (order.is_some() || advance > 0.0) {
-        bail!("--admit replays first-fit and the default policy behind the rule only: leave out --key and --advance");
+    if admission.is_some() && (order.is_some() || advance > 0.0 || causes) {
+        bail!("--admit replays first-fit and the default policy behind the rule only: leave out --key, --advance and --causes (a request the rule refuses fits, so it would count as fragmentation's)");
     }
     if gpus == 0 {
         bail!("--gpus: the fleet needs at least one GPU");
