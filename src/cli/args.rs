@@ -510,8 +510,8 @@ pub struct MigBench {
     /// 3–4 times the run's time.
     #[arg(long)]
     pub causes: bool,
-    /// Replays first-fit and the default policy behind an admission rule,
-    /// and nothing else (named "gpuslice admit KEEP,QUANTILE[,all]" in
+    /// Replays first-fit (plain) and the default policy behind an admission
+    /// rule, and nothing else (named "gpuslice admit KEEP,QUANTILE[,all]" in
     /// results; not with --key, --advance or --causes): a request that
     /// fits is refused when its placement takes a GPU free over its
     /// window, leaving fewer than KEEP such GPUs, and it is shorter than
