@@ -32,6 +32,25 @@ fn refused(args: &[&str], pods: &std::path::Path, says: &str) {
     assert!(stderr.contains(says), "{args:?}: {stderr}");
 }
 
+/// `bench mig ARGS --json --pods PODS`'s results, one per policy and seed.
+fn mig_rows(args: &[&str], pods: &std::path::Path) -> Vec<serde_json::Value> {
+    let v = json_of(
+        gpuslice()
+            .args(["bench", "mig"])
+            .args(args)
+            .args(["--json", "--pods"])
+            .arg(pods),
+    );
+    v.as_array().unwrap().clone()
+}
+
+/// The policy of each result, in order.
+fn policies(rows: &[serde_json::Value]) -> Vec<&str> {
+    rows.iter()
+        .map(|r| r["result"]["policy"].as_str().unwrap())
+        .collect()
+}
+
 fn write_trace(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let nodes = dir.join("nodes.csv");
     let pods = dir.join("pods.csv");
@@ -168,12 +187,7 @@ fn latency_and_mig_benchmarks_run_small() {
         );
     }
     std::fs::write(&pods, p).unwrap();
-    let v = json_of(
-        gpuslice()
-            .args(["bench", "mig", "--gpus", "4", "--json", "--pods"])
-            .arg(&pods),
-    );
-    let rows = v.as_array().unwrap();
+    let rows = &mig_rows(&["--gpus", "4"], &pods);
     assert_eq!(rows.len(), 4, "three policies and the repack reference");
     assert_eq!(rows[3]["result"]["policy"], "repack-reference");
     for r in rows {
@@ -183,21 +197,8 @@ fn latency_and_mig_benchmarks_run_small() {
         assert!(r["served_slice_hours"].as_f64().unwrap() > 0.0);
     }
     // Faster arrivals on the same fleet: more load, no more requests accepted.
-    let fast = json_of(
-        gpuslice()
-            .args([
-                "bench",
-                "mig",
-                "--gpus",
-                "4",
-                "--speedup",
-                "4",
-                "--json",
-                "--pods",
-            ])
-            .arg(&pods),
-    );
-    for (slow, fast) in rows.iter().zip(fast.as_array().unwrap()) {
+    let fast = mig_rows(&["--gpus", "4", "--speedup", "4"], &pods);
+    for (slow, fast) in rows.iter().zip(&fast) {
         assert!(
             fast["result"]["accepted"].as_u64() <= slow["result"]["accepted"].as_u64(),
             "{fast} vs {slow}"
@@ -214,15 +215,9 @@ fn latency_and_mig_benchmarks_run_small() {
     assert!(rows
         .iter()
         .all(|r| r["result"]["refused_fragmented"].is_null()));
-    let split = json_of(
-        gpuslice()
-            .args([
-                "bench", "mig", "--gpus", "4", "--causes", "--json", "--pods",
-            ])
-            .arg(&pods),
-    );
-    assert_eq!(split.as_array().unwrap().len(), rows.len());
-    for (r, plain) in split.as_array().unwrap().iter().zip(rows) {
+    let split = mig_rows(&["--gpus", "4", "--causes"], &pods);
+    assert_eq!(split.len(), rows.len());
+    for (r, plain) in split.iter().zip(rows) {
         let (r, plain) = (&r["result"], &plain["result"]);
         assert_eq!(r["accepted"], plain["accepted"], "{r}");
         assert_eq!(r["served_slice_hours"], plain["served_slice_hours"], "{r}");
@@ -230,27 +225,14 @@ fn latency_and_mig_benchmarks_run_small() {
     }
     assert!(
         split
-            .as_array()
-            .unwrap()
             .iter()
             .any(|r| r["result"]["refused_fragmented"].as_u64().unwrap() > 0),
-        "some refusal on this fleet is fragmentation's: {split}"
+        "some refusal on this fleet is fragmentation's: {split:?}"
     );
     // An order of the ranking terms: first-fit and that order only; the
     // default's own order decides as the default does.
-    let keyed = json_of(
-        gpuslice()
-            .args([
-                "bench", "mig", "--gpus", "4", "--key", "ext,loss", "--json", "--pods",
-            ])
-            .arg(&pods),
-    );
-    let keyed = keyed.as_array().unwrap();
-    let policies: Vec<&str> = keyed
-        .iter()
-        .map(|r| r["result"]["policy"].as_str().unwrap())
-        .collect();
-    assert_eq!(policies, ["first-fit", "key ext,loss"]);
+    let keyed = mig_rows(&["--gpus", "4", "--key", "ext,loss"], &pods);
+    assert_eq!(policies(&keyed), ["first-fit", "key ext,loss"]);
     assert_eq!(rows[2]["result"]["policy"], "gpuslice");
     assert_eq!(
         keyed[1]["result"]["served_slice_hours"],
@@ -272,19 +254,8 @@ fn latency_and_mig_benchmarks_run_small() {
     );
     // An admission rule: first-fit (as without it) and the default behind
     // the rule, and nothing else.
-    let admitted = json_of(
-        gpuslice()
-            .args([
-                "bench", "mig", "--gpus", "4", "--admit", "1,0.5", "--json", "--pods",
-            ])
-            .arg(&pods),
-    );
-    let admitted = admitted.as_array().unwrap();
-    let policies: Vec<&str> = admitted
-        .iter()
-        .map(|r| r["result"]["policy"].as_str().unwrap())
-        .collect();
-    assert_eq!(policies, ["first-fit", "gpuslice admit 1,0.5"]);
+    let admitted = mig_rows(&["--gpus", "4", "--admit", "1,0.5"], &pods);
+    assert_eq!(policies(&admitted), ["first-fit", "gpuslice admit 1,0.5"]);
     assert_eq!(admitted[0]["result"], rows[0]["result"]);
     refused(
         &["--admit", "1"],
@@ -302,49 +273,21 @@ fn latency_and_mig_benchmarks_run_small() {
     }
     // Half the requests booked ahead: a fifth run moves
     // bookings ahead, never one within ten minutes of its start.
-    let ahead = json_of(
-        gpuslice()
-            .args([
-                "bench",
-                "mig",
-                "--gpus",
-                "8",
-                "--advance",
-                "50",
-                "--json",
-                "--pods",
-            ])
-            .arg(&pods),
-    );
-    let rows = ahead.as_array().unwrap();
+    let rows = mig_rows(&["--gpus", "8", "--advance", "50"], &pods);
     assert_eq!(rows.len(), 5);
     let moving = &rows[4]["result"];
     assert_eq!(moving["policy"], "gpuslice + moves");
     assert!(moving["moves"].as_u64().unwrap() > 0, "{moving}");
     assert!(moving["least_notice_s"].as_i64().unwrap() > 600, "{moving}");
     assert!(rows[..4].iter().all(|r| r["result"]["moves"] == 0));
-    let bad = gpuslice()
-        .args(["bench", "mig", "--advance", "120", "--pods"])
-        .arg(&pods)
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--advance is a percentage"));
+    refused(&["--advance", "120"], &pods, "--advance is a percentage");
     // The mix the default policy keeps room for: the booking path's (the
     // default) or the whole stream's. Only the default policy reads it.
-    let with_mix = |mix: &str| {
-        json_of(
-            gpuslice()
-                .args(["bench", "mig", "--gpus", "6", "--speedup", "4", "--json"])
-                .args(["--mix", mix, "--pods"])
-                .arg(&pods),
-        )
-    };
+    let with_mix = |mix: &str| mig_rows(&["--gpus", "6", "--speedup", "4", "--mix", mix], &pods);
     let (recent, stream) = (with_mix("recent"), with_mix("stream"));
-    let (recent, stream) = (recent.as_array().unwrap(), stream.as_array().unwrap());
     assert_eq!(recent.len(), 4);
     assert_eq!(recent.len(), stream.len());
-    for (r, s) in recent.iter().zip(stream) {
+    for (r, s) in recent.iter().zip(&stream) {
         assert_eq!(r["result"]["policy"], s["result"]["policy"]);
         if r["result"]["policy"] != "gpuslice" {
             assert_eq!(r, s);

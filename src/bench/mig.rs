@@ -249,36 +249,61 @@ pub enum MixSource {
     Stream,
 }
 
+/// What the requests made in the last [`MIX_WINDOW_S`] carried (a
+/// profile, a duration), in the order they were made.
+struct Trailing<T>(std::collections::VecDeque<(i64, T)>);
+
+impl<T: Copy> Trailing<T> {
+    fn push(&mut self, at: i64, value: T) {
+        self.0.push_back((at, value));
+    }
+
+    /// Drops what was made at `now - MIX_WINDOW_S` or before (as the
+    /// booking path's `created_at > now() - make_interval(days => $1)`
+    /// keeps the rest), handing each dropped value to `gone`.
+    fn expire(&mut self, now: i64, mut gone: impl FnMut(T)) {
+        while let Some(&(at, value)) = self.0.front() {
+            if at > now - MIX_WINDOW_S {
+                break;
+            }
+            self.0.pop_front();
+            gone(value);
+        }
+    }
+}
+
+impl<T> Default for Trailing<T> {
+    fn default() -> Self {
+        Trailing(Default::default())
+    }
+}
+
 /// The profiles of the requests made in the last [`MIX_WINDOW_S`], kept
 /// as running counts.
 #[derive(Default)]
 struct TrailingMix {
-    made: std::collections::VecDeque<(i64, &'static str)>,
+    made: Trailing<&'static str>,
     counts: std::collections::BTreeMap<&'static str, i64>,
 }
 
 impl TrailingMix {
     fn push(&mut self, at: i64, profile: &'static str) {
-        self.made.push_back((at, profile));
+        self.made.push(at, profile);
         *self.counts.entry(profile).or_default() += 1;
     }
 
-    /// The mix at `now`: requests made after `now - MIX_WINDOW_S` (as the
-    /// booking path's `created_at > now() - make_interval(days => $1)`),
-    /// or every profile of `model` equally while they are fewer than 20.
+    /// The mix at `now`: requests made after `now - MIX_WINDOW_S`, or
+    /// every profile of `model` equally while they are fewer than 20.
     fn at(&mut self, now: i64, model: &Model) -> ProfileMix {
-        while let Some(&(at, profile)) = self.made.front() {
-            if at > now - MIX_WINDOW_S {
-                break;
-            }
-            self.made.pop_front();
-            if let Some(n) = self.counts.get_mut(profile) {
+        let counts = &mut self.counts;
+        self.made.expire(now, |profile| {
+            if let Some(n) = counts.get_mut(profile) {
                 *n -= 1;
                 if *n == 0 {
-                    self.counts.remove(profile);
+                    counts.remove(profile);
                 }
             }
-        }
+        });
         ProfileMix::from_counts(self.counts.iter().map(|(p, n)| (*p, *n)))
             .unwrap_or_else(|| default_mix(model))
     }
@@ -437,13 +462,13 @@ impl Admission {
 /// sorted.
 #[derive(Default)]
 struct TrailingDurations {
-    made: std::collections::VecDeque<(i64, i64)>,
+    made: Trailing<i64>,
     sorted: Vec<i64>,
 }
 
 impl TrailingDurations {
     fn push(&mut self, at: i64, secs: i64) {
-        self.made.push_back((at, secs));
+        self.made.push(at, secs);
         let i = self.sorted.partition_point(|&d| d < secs);
         self.sorted.insert(i, secs);
     }
@@ -451,14 +476,10 @@ impl TrailingDurations {
     /// The `q` quantile (nearest rank below) of the durations of the
     /// requests made after `now - MIX_WINDOW_S`; None while fewer than 20.
     fn quantile(&mut self, now: i64, q: f64) -> Option<i64> {
-        while let Some(&(at, secs)) = self.made.front() {
-            if at > now - MIX_WINDOW_S {
-                break;
-            }
-            self.made.pop_front();
-            let i = self.sorted.partition_point(|&d| d < secs);
-            self.sorted.remove(i);
-        }
+        let sorted = &mut self.sorted;
+        self.made.expire(now, |secs| {
+            sorted.remove(sorted.partition_point(|&d| d < secs));
+        });
         let n = self.sorted.len();
         (n >= 20).then(|| self.sorted[((n - 1) as f64 * q) as usize])
     }
@@ -479,15 +500,17 @@ pub fn run_admitting(
         let secs = booking.window.len();
         let threshold = made.quantile(now, admission.quantile);
         made.push(now, secs);
-        let model = fleet.first()?.model;
-        let p = model.profile_by_id(booking.profile_id)?;
-        let (g, placement) = place(fleet, &p.name, None, booking.window, policy, mix).ok()?;
+        let (g, placement) = choose(fleet, booking, policy, mix)?;
+        let model = fleet[g].model;
         let whole = |gpu: &MigGpu| {
             !gpu.bookings
                 .iter()
                 .any(|b| b.window.overlaps(booking.window))
         };
-        let judged = admission.every_profile || p.compute_slices == model.compute_slices;
+        let judged = admission.every_profile
+            || model
+                .profile_by_id(booking.profile_id)
+                .is_some_and(|p| p.compute_slices == model.compute_slices);
         // Only a placement on a free GPU uses up the room the rule keeps.
         if judged && whole(&fleet[g]) && threshold.is_some_and(|t| secs < t) {
             let free_after = fleet.iter().filter(|gpu| whole(gpu)).count() - 1;
@@ -530,25 +553,29 @@ fn repacked(fleet: &[MigGpu], booking: Booked, mix: &ProfileMix) -> Option<Vec<M
         .then_some(fresh)
 }
 
-/// Places `booking` (its profile and window; the placement is chosen) on
-/// the fleet by `policy`; false when it does not fit.
+/// Where `policy` would place `booking` (its profile and window) on the
+/// fleet: the GPU and the placement; None when it does not fit.
+fn choose(
+    fleet: &[MigGpu],
+    booking: Booked,
+    policy: MigPolicy,
+    mix: &ProfileMix,
+) -> Option<(usize, Placement)> {
+    let p = fleet.first()?.model.profile_by_id(booking.profile_id)?;
+    place(fleet, &p.name, None, booking.window, policy, mix).ok()
+}
+
+/// Places `booking` on the fleet where `policy` chooses ([`choose`]);
+/// false when it does not fit.
 fn place_on(fleet: &mut [MigGpu], booking: Booked, policy: MigPolicy, mix: &ProfileMix) -> bool {
-    let Some(p) = fleet
-        .first()
-        .and_then(|g| g.model.profile_by_id(booking.profile_id))
-    else {
+    let Some((i, placement)) = choose(fleet, booking, policy, mix) else {
         return false;
     };
-    match place(fleet, &p.name, None, booking.window, policy, mix) {
-        Ok((i, placement)) => {
-            fleet[i].bookings.push(Booked {
-                placement,
-                ..booking
-            });
-            true
-        }
-        Err(_) => false,
-    }
+    fleet[i].bookings.push(Booked {
+        placement,
+        ..booking
+    });
+    true
 }
 
 /// The replay loop: in booking order, ended bookings leave, each request
@@ -648,9 +675,11 @@ fn replay(
                 busy_sum += f64::from(busy) / fleet_compute;
                 // Packing again cannot help where the slices at the start
                 // alone are too few (most refusals under load): skip it.
-                let room = busy + u32::from(p.compute_slices) <= fleet_slices.0
-                    && busy_memory + u32::from(p.memory_slices) <= fleet_slices.1;
-                if causes && room && repacked(&fleet, booking, mix).is_some() {
+                if causes
+                    && busy + u32::from(p.compute_slices) <= fleet_slices.0
+                    && busy_memory + u32::from(p.memory_slices) <= fleet_slices.1
+                    && repacked(&fleet, booking, mix).is_some()
+                {
                     refused_fragmented += 1;
                     refused_fragmented_sh += slice_hours(p.compute_slices, window.len());
                 }
@@ -712,6 +741,18 @@ mod tests {
 
     fn on(gpus: usize, causes: bool) -> Setup {
         Setup { gpus, causes }
+    }
+
+    /// The default policy behind the admission rule `rule` on `gpus` H100s.
+    fn admit(stream: &[Request], gpus: usize, rule: &str) -> MigResult {
+        let rule = Admission::parse(rule).unwrap();
+        run_admitting(
+            stream,
+            on(gpus, false),
+            MigPolicy::Gpuslice,
+            MixSource::Recent,
+            rule,
+        )
     }
 
     fn request(arrive: i64, hours: i64, profile: &'static str) -> Request {
@@ -795,16 +836,7 @@ mod tests {
             request(t + 1, 20, "7g.80gb"),
             request(t + 2, 1, "1g.10gb"),
         ]);
-        let admitting = |rule: &str| {
-            let a = Admission::parse(rule).unwrap();
-            run_admitting(
-                &stream,
-                on(2, false),
-                MigPolicy::Gpuslice,
-                MixSource::Recent,
-                a,
-            )
-        };
+        let admitting = |rule: &str| admit(&stream, 2, rule);
         // Keep two GPUs whole: the short 7g would leave one, so it is
         // refused (7 slice-hours); the long one is not short, and the 1g is
         // not a whole-GPU request.
@@ -841,13 +873,7 @@ mod tests {
             request(19 * 11 * h, 1, "7g.80gb"),
             request(20 * 11 * h, 1, "7g.80gb"),
         ]);
-        let r = run_admitting(
-            &stream,
-            on(1, false),
-            MigPolicy::Gpuslice,
-            MixSource::Recent,
-            Admission::parse("1,0.5").unwrap(),
-        );
+        let r = admit(&stream, 1, "1,0.5");
         assert_eq!((r.accepted, r.refused_slice_hours), (20, 7.0), "{r:?}");
         // A 1g beside a booking takes no free GPU: never judged, even with
         // ",all" (a 1g of 1 h beside a 1g of 10 h, the only GPU not free).
@@ -855,13 +881,7 @@ mod tests {
             .map(|i| request(i * 11 * h, 10, "1g.10gb"))
             .collect();
         stream.push(request(19 * 11 * h + 1, 1, "1g.10gb"));
-        let r = run_admitting(
-            &stream,
-            on(1, false),
-            MigPolicy::Gpuslice,
-            MixSource::Recent,
-            Admission::parse("1,0.5,all").unwrap(),
-        );
+        let r = admit(&stream, 1, "1,0.5,all");
         assert_eq!(r.accepted, 21, "{r:?}");
     }
 
